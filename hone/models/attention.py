@@ -1,0 +1,91 @@
+"""Grouped-query attention with optional q/k bias, q/k RMSNorm, logit soft-capping and sliding
+windows; and the boolean masks that combine causality, padding, packing and windows.
+
+Queries are grouped as [B, T, K, G, H] so each KV head is read once for its G query heads (no
+repeat of keys and values in memory). Scores and softmax are float32 whatever the compute dtype.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from hone.models.config import ModelConfig
+from hone.models.layers import RMSNorm, apply_rope, param
+
+# A finite "minus infinity": a row with every key masked (a padding query) becomes uniform
+# instead of NaN, and its output is ignored by the losses anyway.
+_MASKED = float(jnp.finfo(jnp.float32).min)
+
+
+def make_mask(q_index: jax.Array, k_index: jax.Array, k_valid: jax.Array,
+              window: int | None, q_segment: jax.Array | None = None,
+              k_segment: jax.Array | None = None) -> jax.Array:
+    """Boolean [B, T, S]: may query t see key s?
+
+    q_index [B, T] / k_index [B, S]: slot of each token in the (cached) sequence, which orders
+    causality and measures window distance; k_valid [B, S]: key is a real token (not padding,
+    already written to the cache). With segments (packed documents) only equal segments see
+    each other.
+    """
+    diff = q_index[:, :, None] - k_index[:, None, :]  # [B, T, S]
+    mask = (diff >= 0) & k_valid[:, None, :]
+    if window is not None:
+        mask &= diff < window
+    if q_segment is not None:
+        mask &= q_segment[:, :, None] == k_segment[:, None, :]
+    return mask
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, dtype, rngs: nnx.Rngs):
+        d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.num_kv_heads = k
+        self.q = param(rngs, (d, n, h), ("embed", "heads", "head_dim"), dtype)
+        self.k = param(rngs, (d, k, h), ("embed", "kv_heads", "head_dim"), dtype)
+        self.v = param(rngs, (d, k, h), ("embed", "kv_heads", "head_dim"), dtype)
+        self.o = param(rngs, (n, h, d), ("heads", "head_dim", "embed"), dtype)
+        if cfg.attention_bias:
+            self.q_bias = param(None, (n, h), ("heads", "head_dim"), dtype, "zeros")
+            self.k_bias = param(None, (k, h), ("kv_heads", "head_dim"), dtype, "zeros")
+            self.v_bias = param(None, (k, h), ("kv_heads", "head_dim"), dtype, "zeros")
+        else:
+            self.q_bias = self.k_bias = self.v_bias = None
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(h, cfg.norm_eps, cfg.norm_offset, dtype, name="head_dim")
+            self.k_norm = RMSNorm(h, cfg.norm_eps, cfg.norm_offset, dtype, name="head_dim")
+        else:
+            self.q_norm = self.k_norm = None
+        self.scale = (cfg.query_pre_attn_scalar or h) ** -0.5
+        self.softcap = cfg.attn_logit_softcap
+
+    def project_qkv(self, x: jax.Array, cos: jax.Array, sin: jax.Array):
+        """x [B, T, D] -> rotated q [B, T, N, H], rotated k [B, T, K, H], v [B, T, K, H]."""
+        q = jnp.einsum("BTD,DNH->BTNH", x, self.q[...])
+        k = jnp.einsum("BTD,DKH->BTKH", x, self.k[...])
+        v = jnp.einsum("BTD,DKH->BTKH", x, self.v[...])
+        if self.q_bias is not None:
+            q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+        """q [B, T, N, H], k/v [B, S, K, H], mask [B, T, S] -> output [B, T, D]."""
+        b, t, n, h = q.shape
+        qg = q.reshape(b, t, self.num_kv_heads, n // self.num_kv_heads, h)  # [B, T, K, G, H]
+        scores = jnp.einsum("BTKGH,BSKH->BKGTS", qg, k,
+                            preferred_element_type=jnp.float32) * self.scale
+        if self.softcap is not None:
+            scores = self.softcap * jnp.tanh(scores / self.softcap)
+        scores = jnp.where(mask[:, None, None, :, :], scores, _MASKED)
+        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+        out = jnp.einsum("BKGTS,BSKH->BTKGH", probs, v).reshape(b, t, n, h)
+        return jnp.einsum("BTNH,NHD->BTD", out, self.o[...])
+
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array,
+                 mask: jax.Array) -> jax.Array:
+        """Self-attention over the sequence itself (training and scoring; no cache)."""
+        q, k, v = self.project_qkv(x, cos, sin)
+        return self.attend(q, k, v, mask)

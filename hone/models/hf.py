@@ -1,0 +1,159 @@
+"""Hugging Face checkpoint folders in (config.json + safetensors, sharded or not) and out.
+
+Reading is memory-mapped through `safetensors.safe_open`: a tensor is touched only when the
+model asks for it, and a truncated or corrupt file is reported by name before any JAX work.
+Writing goes to a temporary sibling folder that replaces the target only when complete, so a
+failed export never leaves a half-written model behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
+
+from hone.errors import InputError
+from hone.models.hf_config import config_from_hf, config_to_hf
+from hone.models.transformer import Transformer
+from hone.models.weights import build_model, hf_tensors
+
+_INDEX = "model.safetensors.index.json"
+_SINGLE = "model.safetensors"
+
+
+def read_json(path: Path) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except FileNotFoundError:
+        raise InputError("file not found", path=str(path)) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"not valid JSON ({e})", path=str(path)) from None
+    if not isinstance(value, dict):
+        raise InputError("expected a JSON object", path=str(path))
+    return value
+
+
+class SafetensorsFolder:
+    """The tensors of a HF folder: `model.safetensors`, or shards listed in the index file."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        index = folder / _INDEX
+        if index.exists():
+            weight_map = read_json(index).get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise InputError("missing 'weight_map'", path=str(index), key="weight_map")
+            self.file_of = {name: folder / f for name, f in weight_map.items()}
+        elif (folder / _SINGLE).exists():
+            self.file_of = None  # filled from the header below
+        else:
+            raise InputError(f"no {_SINGLE} or {_INDEX} found", path=str(folder))
+        self.handles = {}
+        files = ({folder / _SINGLE} if self.file_of is None else set(self.file_of.values()))
+        for f in sorted(files):
+            self.handles[f] = self._open(f)
+        if self.file_of is None:
+            f = folder / _SINGLE
+            self.file_of = {name: f for name in self.handles[f].keys()}
+        for name, f in self.file_of.items():
+            if name not in self.handles[f].keys():
+                raise InputError(f"index lists tensor {name!r} but the file lacks it", path=str(f))
+
+    @staticmethod
+    def _open(path: Path):
+        if not path.exists():
+            raise InputError("shard listed in the index is missing", path=str(path))
+        try:
+            return safe_open(str(path), framework="numpy")
+        except (SafetensorError, OSError) as e:
+            raise InputError(f"not a readable safetensors file, truncated or corrupt ({e})",
+                             path=str(path)) from None
+
+    def names(self) -> set[str]:
+        return set(self.file_of)
+
+    def where(self, name: str) -> str:
+        return str(self.file_of.get(name, self.folder))
+
+    def get(self, name: str) -> np.ndarray:
+        try:
+            return self.handles[self.file_of[name]].get_tensor(name)
+        except (SafetensorError, OSError, ValueError) as e:
+            raise InputError(f"tensor {name!r} cannot be read ({e})", path=self.where(name)) from None
+
+
+def load_hf(folder: str | Path, dtype=jnp.float32) -> Transformer:
+    """A Transformer from a Hugging Face checkpoint folder."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise InputError("not a folder", path=str(folder))
+    cfg = config_from_hf(read_json(folder / "config.json"), str(folder / "config.json"))
+    return build_model(cfg, SafetensorsFolder(folder), dtype)
+
+
+def _shards(tensors: dict[str, np.ndarray], max_bytes: int) -> list[dict[str, np.ndarray]]:
+    shards, current, size = [], {}, 0
+    for name, arr in tensors.items():
+        if current and size + arr.nbytes > max_bytes:
+            shards.append(current)
+            current, size = {}, 0
+        current[name] = arr
+        size += arr.nbytes
+    return shards + [current]
+
+
+def save_hf(model: Transformer, out_dir: str | Path, tokenizer=None, *, dtype: str | None = None,
+            max_shard_bytes: int = 4 << 30) -> Path:
+    """Write `model` (and the tokenizer, if given) as a folder transformers loads as-is.
+
+    dtype: "float32", "bfloat16" or "float16" for the stored weights (default: the model's).
+    The folder appears only when complete; an existing one is replaced.
+    """
+    out_dir = Path(out_dir)
+    tensors = hf_tensors(model, None if dtype is None else jnp.dtype(dtype))
+    stored = dtype or str(next(iter(tensors.values())).dtype)
+    kw = {}
+    if tokenizer is not None:
+        kw = dict(bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
+    config = config_to_hf(model.config, dtype=stored, **kw)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        shards = _shards(tensors, max_shard_bytes)
+        if len(shards) == 1:
+            save_file(shards[0], str(tmp / _SINGLE), metadata={"format": "pt"})
+        else:
+            weight_map = {}
+            for i, shard in enumerate(shards):
+                fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+                save_file(shard, str(tmp / fname), metadata={"format": "pt"})
+                weight_map.update({name: fname for name in shard})
+            total = sum(a.nbytes for a in tensors.values())
+            (tmp / _INDEX).write_text(json.dumps(
+                {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        gen = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+        if tokenizer is not None and len(getattr(tokenizer, "eos_ids", ())) > 1:
+            gen["eos_token_id"] = list(tokenizer.eos_ids)
+        (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
+        if tokenizer is not None:
+            tokenizer.save(tmp)
+        if out_dir.exists():
+            old = out_dir.with_name(f".{out_dir.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(out_dir, old)
+            os.replace(tmp, out_dir)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir

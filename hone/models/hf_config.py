@@ -1,0 +1,226 @@
+"""Hugging Face `config.json` <-> ModelConfig, for model_type llama, qwen2, qwen3, gemma, gemma2
+and gemma3_text.
+
+Reads both transformers 5.x configs (rotary settings in `rope_parameters`, per layer type for
+Gemma 3) and older ones (top-level `rope_theta`, `rope_scaling`, `rope_local_base_freq`), and
+writes both forms so old and new transformers load the export. Anything hone would compute
+differently from the reference (an unknown rope type, a bias hone does not have) is refused with
+the key's name rather than silently approximated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hone.errors import InputError
+from hone.models.config import ModelConfig, RopeScaling
+
+FAMILIES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text")
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                  "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM",
+                  "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+_GEMMAS = ("gemma", "gemma2", "gemma3_text")
+
+
+class _Reader:
+    """Typed access to config keys; every problem names the file and the key."""
+
+    def __init__(self, d: dict, path: str):
+        self.d, self.path = d, path
+
+    def get(self, key: str, kind: type, default: Any = ...) -> Any:
+        if key not in self.d or self.d[key] is None:
+            if default is ...:
+                raise InputError("missing required key", path=self.path, key=key)
+            return default
+        value = self.d[key]
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if kind is int and isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise InputError(f"expected {kind.__name__}, got {value!r}", path=self.path, key=key)
+        if kind in (int, float) and value <= 0 and key not in ("pad_token_id", "bos_token_id",
+                                                              "eos_token_id"):
+            raise InputError(f"must be positive, got {value!r}", path=self.path, key=key)
+        return value
+
+
+def _rope_scaling(params: dict | None, path: str, key: str) -> RopeScaling | None:
+    if not params:
+        return None
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind == "default":
+        return None
+    if kind == "linear":
+        return RopeScaling("linear", factor=float(params["factor"]))
+    if kind == "llama3":
+        try:
+            return RopeScaling("llama3", float(params["factor"]), float(params["low_freq_factor"]),
+                               float(params["high_freq_factor"]),
+                               int(params["original_max_position_embeddings"]))
+        except KeyError as e:
+            raise InputError(f"llama3 rope scaling lacks {e.args[0]!r}", path=path, key=key)
+    raise InputError(f"rope type {kind!r} is not supported; supported: default, linear, llama3",
+                     path=path, key=key)
+
+
+def _rope(r: _Reader, family: str) -> tuple[float, float | None, RopeScaling | None]:
+    """(global theta, local theta, global scaling) from either config generation."""
+    params = r.d.get("rope_parameters")
+    if isinstance(params, dict) and "full_attention" in params:  # v5 Gemma 3: per layer type
+        full, local = params["full_attention"], params.get("sliding_attention", {})
+        return (float(full.get("rope_theta", 1e6)), float(local.get("rope_theta", 1e4)),
+                _rope_scaling(full, r.path, "rope_parameters.full_attention"))
+    if isinstance(params, dict) and params:
+        theta = float(params.get("rope_theta", r.get("rope_theta", float, 10000.0)))
+        scaling = _rope_scaling(params, r.path, "rope_parameters")
+    else:
+        theta = r.get("rope_theta", float, 1e6 if family == "gemma3_text" else 10000.0)
+        scaling = _rope_scaling(r.d.get("rope_scaling"), r.path, "rope_scaling")
+    local = r.get("rope_local_base_freq", float, 1e4) if family == "gemma3_text" else None
+    return theta, local, scaling
+
+
+def _layer_types(r: _Reader, family: str, num_layers: int) -> tuple[str, ...]:
+    names = {"sliding_attention": "sliding", "full_attention": "global"}
+    listed = r.d.get("layer_types")
+    if family in ("qwen2", "qwen3") and not r.d.get("use_sliding_window", False):
+        return ("global",) * num_layers
+    if listed is not None:
+        if len(listed) != num_layers or any(t not in names for t in listed):
+            raise InputError(f"expected {num_layers} entries of {sorted(names)}, got {listed!r}",
+                             path=r.path, key="layer_types")
+        return tuple(names[t] for t in listed)
+    if family == "gemma2":
+        return tuple("sliding" if (i + 1) % 2 else "global" for i in range(num_layers))
+    if family == "gemma3_text":
+        every = r.get("sliding_window_pattern", int, 6)
+        return tuple("sliding" if (i + 1) % every else "global" for i in range(num_layers))
+    if family in ("qwen2", "qwen3"):  # older configs: sliding from max_window_layers upwards
+        start = r.get("max_window_layers", int, num_layers)
+        return tuple("sliding" if i >= start else "global" for i in range(num_layers))
+    return ("global",) * num_layers
+
+
+def config_from_hf(d: dict, path: str = "config.json") -> ModelConfig:
+    """A ModelConfig from a parsed Hugging Face config.json (path is only for messages)."""
+    family = d.get("model_type")
+    if family not in FAMILIES:
+        raise InputError(f"model_type {family!r} is not supported; supported: "
+                         f"{', '.join(FAMILIES)}", path=path, key="model_type")
+    r = _Reader(d, path)
+    hidden = r.get("hidden_size", int)
+    heads = r.get("num_attention_heads", int)
+    layers = r.get("num_hidden_layers", int)
+    if family == "llama" and (d.get("attention_bias") or d.get("mlp_bias")):
+        raise InputError("llama with attention_bias/mlp_bias is not supported", path=path,
+                         key="attention_bias")
+    gemma = family in _GEMMAS
+    if gemma:
+        act = d.get("hidden_activation") or "gelu_pytorch_tanh"
+    else:
+        act = d.get("hidden_act", "silu")
+    activations = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
+                   "gelu_tanh": "gelu_tanh"}
+    if act not in activations:
+        raise InputError(f"activation {act!r} is not supported; supported: "
+                         f"{', '.join(activations)}", path=path,
+                         key="hidden_activation" if gemma else "hidden_act")
+    theta, local_theta, scaling = _rope(r, family)
+    types = _layer_types(r, family, layers)
+    sliding = "sliding" in types
+    return ModelConfig(
+        family=family,
+        vocab_size=r.get("vocab_size", int),
+        hidden_size=hidden,
+        intermediate_size=r.get("intermediate_size", int),
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=r.get("num_key_value_heads", int, heads),
+        head_dim=r.get("head_dim", int, hidden // heads),
+        max_position_embeddings=r.get("max_position_embeddings", int, 2048),
+        norm_eps=r.get("rms_norm_eps", float, 1e-6),
+        rope_theta=theta,
+        rope_local_theta=local_theta,
+        rope_scaling=scaling,
+        tie_embeddings=bool(d.get("tie_word_embeddings", gemma)),
+        attention_bias=family == "qwen2",
+        qk_norm=family in ("qwen3", "gemma3_text"),
+        activation=activations[act],
+        norm_offset=1.0 if gemma else 0.0,
+        embed_scale=gemma,
+        post_norms=family in ("gemma2", "gemma3_text"),
+        query_pre_attn_scalar=(r.get("query_pre_attn_scalar", float, None)
+                               if family in ("gemma2", "gemma3_text") else None),
+        attn_logit_softcap=r.get("attn_logit_softcapping", float, None),
+        final_logit_softcap=r.get("final_logit_softcapping", float, None),
+        sliding_window=r.get("sliding_window", int) if sliding else None,
+        layer_types=types,
+    )
+
+
+def _scaling_dict(s: RopeScaling | None, theta: float) -> dict:
+    if s is None:
+        return {"rope_type": "default", "rope_theta": theta}
+    if s.kind == "linear":
+        return {"rope_type": "linear", "factor": s.factor, "rope_theta": theta}
+    return {"rope_type": "llama3", "factor": s.factor, "low_freq_factor": s.low_freq_factor,
+            "high_freq_factor": s.high_freq_factor,
+            "original_max_position_embeddings": s.original_max_position_embeddings,
+            "rope_theta": theta}
+
+
+def config_to_hf(cfg: ModelConfig, *, bos_id: int | None = None, eos_id: int | None = None,
+                 pad_id: int | None = None, dtype: str = "float32") -> dict:
+    """A config.json that transformers (old and new) loads into the same computation."""
+    d: dict[str, Any] = {
+        "architectures": [_ARCHITECTURES[cfg.family]],
+        "model_type": cfg.family,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rms_norm_eps": cfg.norm_eps,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "bos_token_id": bos_id, "eos_token_id": eos_id, "pad_token_id": pad_id,
+        "dtype": dtype, "torch_dtype": dtype,
+        "rope_theta": cfg.rope_theta,
+    }
+    act = "silu" if cfg.activation == "silu" else "gelu_pytorch_tanh"
+    d["hidden_activation" if cfg.family in _GEMMAS else "hidden_act"] = act
+    d["hidden_act"] = act
+    if cfg.family == "gemma3_text":
+        local = cfg.rope_local_theta if cfg.rope_local_theta is not None else cfg.rope_theta
+        d["rope_local_base_freq"] = local
+        d["rope_parameters"] = {
+            "full_attention": _scaling_dict(cfg.rope_scaling, cfg.rope_theta),
+            "sliding_attention": {"rope_type": "default", "rope_theta": local}}
+    else:
+        d["rope_parameters"] = _scaling_dict(cfg.rope_scaling, cfg.rope_theta)
+    if cfg.rope_scaling is not None:
+        d["rope_scaling"] = {k: v for k, v in _scaling_dict(cfg.rope_scaling, 0).items()
+                             if k != "rope_theta"}
+    if cfg.family == "llama":
+        d.update(attention_bias=False, mlp_bias=False)
+    if cfg.family in ("qwen2", "qwen3"):
+        sliding = "sliding" in cfg.layer_types
+        d.update(use_sliding_window=sliding, sliding_window=cfg.sliding_window,
+                 max_window_layers=(cfg.layer_types.index("sliding") if sliding
+                                    else cfg.num_layers))
+        if cfg.family == "qwen3":
+            d["attention_bias"] = False
+    if cfg.family in ("gemma2", "gemma3_text"):
+        scalar = cfg.query_pre_attn_scalar or cfg.head_dim
+        d.update(query_pre_attn_scalar=int(scalar) if float(scalar).is_integer() else scalar,
+                 attn_logit_softcapping=cfg.attn_logit_softcap,
+                 final_logit_softcapping=cfg.final_logit_softcap,
+                 sliding_window=cfg.sliding_window)
+    if any(t == "sliding" for t in cfg.layer_types) or cfg.family in ("gemma2", "gemma3_text"):
+        d["layer_types"] = ["sliding_attention" if t == "sliding" else "full_attention"
+                            for t in cfg.layer_types]
+    return d

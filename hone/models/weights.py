@@ -1,0 +1,155 @@
+"""Hugging Face tensor names and layouts <-> hone parameter paths, and building a Transformer from
+a source of named tensors without allocating random weights first.
+
+Hugging Face stores a linear layer as `weight` [out, in]; hone keeps kernels as [in, out] with the
+head axes split out (q: [D, N, H], o: [N, H, D]) so attention is written as einsums. Every hone
+parameter maps to exactly one HF tensor; the table is built from the config, so each family's
+naming differences (Gemma 2/3's four norms per layer) live here once.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from hone.errors import InputError
+from hone.models.config import ModelConfig
+from hone.models.transformer import Transformer
+
+Path = tuple  # a flat nnx state path, e.g. ("layers", 0, "attn", "q")
+
+# Layout kinds: "same" (identical), "in" (hone [in, *out] <-> HF [prod(out), in]),
+# "out" (hone [*in, out] <-> HF [out, prod(in)]), "bias" (hone [N, H] <-> HF [N*H]).
+
+
+def hf_name_table(cfg: ModelConfig) -> dict[Path, tuple[str, str]]:
+    """hone parameter path -> (HF tensor name, layout kind)."""
+    table: dict[Path, tuple[str, str]] = {
+        ("embedder", "embedding"): ("model.embed_tokens.weight", "same"),
+        ("final_norm", "scale"): ("model.norm.weight", "same"),
+    }
+    if not cfg.tie_embeddings:
+        table[("lm_head",)] = ("lm_head.weight", "in")
+    gemma_norms = cfg.post_norms
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        L = ("layers", i)
+        table[L + ("attn_norm", "scale")] = (p + "input_layernorm.weight", "same")
+        for x in "qkv":
+            table[L + ("attn", x)] = (p + f"self_attn.{x}_proj.weight", "in")
+            if cfg.attention_bias:
+                table[L + ("attn", f"{x}_bias")] = (p + f"self_attn.{x}_proj.bias", "bias")
+        table[L + ("attn", "o")] = (p + "self_attn.o_proj.weight", "out")
+        if cfg.qk_norm:
+            table[L + ("attn", "q_norm", "scale")] = (p + "self_attn.q_norm.weight", "same")
+            table[L + ("attn", "k_norm", "scale")] = (p + "self_attn.k_norm.weight", "same")
+        if gemma_norms:
+            table[L + ("attn_post_norm", "scale")] = (p + "post_attention_layernorm.weight",
+                                                      "same")
+            table[L + ("mlp_norm", "scale")] = (p + "pre_feedforward_layernorm.weight", "same")
+            table[L + ("mlp_post_norm", "scale")] = (p + "post_feedforward_layernorm.weight",
+                                                     "same")
+        else:  # Llama/Qwen/Gemma call the pre-MLP norm "post_attention_layernorm"
+            table[L + ("mlp_norm", "scale")] = (p + "post_attention_layernorm.weight", "same")
+        table[L + ("mlp", "gate")] = (p + "mlp.gate_proj.weight", "in")
+        table[L + ("mlp", "up")] = (p + "mlp.up_proj.weight", "in")
+        table[L + ("mlp", "down")] = (p + "mlp.down_proj.weight", "in")
+    return table
+
+
+def hf_shape(shape: tuple[int, ...], kind: str) -> tuple[int, ...]:
+    if kind == "same":
+        return tuple(shape)
+    if kind == "in":
+        return (math.prod(shape[1:]), shape[0])
+    if kind == "out":
+        return (shape[-1], math.prod(shape[:-1]))
+    return (math.prod(shape),)
+
+
+def to_hone(x: np.ndarray, shape: tuple[int, ...], kind: str) -> np.ndarray:
+    if kind == "same":
+        return x
+    if kind == "bias":
+        return x.reshape(shape)
+    return x.T.reshape(shape)
+
+
+def to_hf(x: np.ndarray, kind: str) -> np.ndarray:
+    if kind == "same":
+        return x
+    if kind == "bias":
+        return x.reshape(-1)
+    if kind == "in":
+        return np.ascontiguousarray(x.reshape(x.shape[0], -1).T)
+    return np.ascontiguousarray(x.reshape(-1, x.shape[-1]).T)
+
+
+class TensorSource(Protocol):
+    """Named tensors in Hugging Face layout (a safetensors folder, a converted GGUF, a dict)."""
+
+    def names(self) -> set[str]: ...
+    def get(self, name: str) -> np.ndarray: ...
+    def where(self, name: str) -> str: ...  # file the tensor comes from, for messages
+
+
+class DictSource:
+    def __init__(self, tensors: dict[str, np.ndarray], origin: str):
+        self.tensors, self.origin = tensors, origin
+
+    def names(self) -> set[str]:
+        return set(self.tensors)
+
+    def get(self, name: str) -> np.ndarray:
+        return self.tensors[name]
+
+    def where(self, name: str) -> str:
+        return self.origin
+
+
+def build_model(cfg: ModelConfig, source: TensorSource, dtype=jnp.float32,
+                convert: Callable[[np.ndarray], jax.Array] | None = None) -> Transformer:
+    """A Transformer whose parameters are the source's tensors (cast to dtype).
+
+    The model is first built abstractly (jax.eval_shape), so no random weights are allocated;
+    each tensor is checked against the shape the config implies before anything is converted.
+    """
+    abstract = nnx.eval_shape(lambda: Transformer(cfg, dtype=dtype, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    table = hf_name_table(cfg)
+    available = source.names()
+    flat = nnx.to_flat_state(state)
+    missing = [table[path][0] for path, _ in flat if table[path][0] not in available]
+    if missing:
+        origin = source.where(missing[0])
+        raise InputError(f"tensor {missing[0]!r} is missing ({len(missing)} missing in all)",
+                         path=origin)
+    convert = convert or (lambda a: jnp.asarray(a, dtype=dtype))
+    leaves = []
+    for path, var in flat:
+        name, kind = table[path]
+        arr = source.get(name)
+        want = hf_shape(var.shape, kind)
+        if tuple(arr.shape) != want:
+            raise InputError(f"tensor {name!r} has shape {tuple(arr.shape)}, expected {want} "
+                             f"from the config", path=source.where(name))
+        leaves.append((path, var.replace(convert(to_hone(arr, var.shape, kind)))))
+    return nnx.merge(graphdef, nnx.from_flat_state(leaves))
+
+
+def hf_tensors(model: Transformer, dtype=None) -> dict[str, np.ndarray]:
+    """The model's parameters as HF-named numpy arrays (optionally cast)."""
+    table = hf_name_table(model.config)
+    out = {}
+    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        name, kind = table[path]
+        arr = np.asarray(jax.device_get(var[...]))
+        if dtype is not None:
+            arr = arr.astype(dtype)
+        out[name] = to_hf(arr, kind)
+    return out

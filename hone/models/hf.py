@@ -47,6 +47,8 @@ class SafetensorsFolder:
     def __init__(self, folder: Path):
         self.folder = folder
         index = folder / _INDEX
+        # Where a tensor the folder lacks should have been: named in messages.
+        self.default = index if index.exists() else folder / _SINGLE
         if index.exists():
             weight_map = read_json(index).get("weight_map")
             if not isinstance(weight_map, dict):
@@ -81,7 +83,7 @@ class SafetensorsFolder:
         return set(self.file_of)
 
     def where(self, name: str) -> str:
-        return str(self.file_of.get(name, self.folder))
+        return str(self.file_of.get(name, self.default))
 
     def get(self, name: str) -> np.ndarray:
         try:

@@ -4,6 +4,7 @@ from hone.errors import InputError
 from hone.models.hf import save_hf
 from hone.models.loading import load_model, load_tokenizer
 from hone.models.transformer import Transformer
+from hone.sampling.generate import Completion, generate
 
 
 def __getattr__(name):
@@ -14,4 +15,5 @@ def __getattr__(name):
     raise AttributeError(name)
 
 
-__all__ = ["InputError", "Transformer", "Tokenizer", "load_model", "load_tokenizer", "save_hf"]
+__all__ = ["Completion", "InputError", "Transformer", "Tokenizer", "generate", "load_model",
+           "load_tokenizer", "save_hf"]

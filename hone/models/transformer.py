@@ -8,6 +8,8 @@ activations stay simple; see benchmarks/ before changing that.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -30,8 +32,10 @@ class Block(nnx.Module):
         self.attn_post_norm = norm() if cfg.post_norms else None
         self.mlp_post_norm = norm() if cfg.post_norms else None
 
-    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array):
-        h = self.attn(self.attn_norm(x), cos, sin, mask)
+    def __call__(self, x: jax.Array, attend: Callable[[jax.Array], jax.Array]) -> jax.Array:
+        """attend: normed hidden [B, T, D] -> attention output [B, T, D]. The caller chooses
+        how keys are found (the sequence itself, or a KV cache); the block owns the rest."""
+        h = attend(self.attn_norm(x))
         if self.attn_post_norm is not None:
             h = self.attn_post_norm(h)
         x = x + h
@@ -105,7 +109,8 @@ class Transformer(nnx.Module):
         x = self.embedder.encode(tokens)
         for layer in self.layers:
             cos, sin = ropes[layer.layer_type]
-            x = layer(x, cos, sin, masks[layer.layer_type])
+            mask = masks[layer.layer_type]
+            x = layer(x, lambda h: layer.attn(h, cos, sin, mask))  # noqa: B023 (called at once)
         return self.final_norm(x)
 
     def __call__(self, tokens: jax.Array, positions: jax.Array | None = None,

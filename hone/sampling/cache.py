@@ -1,0 +1,101 @@
+"""The preallocated KV cache and the cached forward pass (prefill and one decode step).
+
+Layout: every row of the batch advances in lockstep over cache slots 0..S-1 (prompts are
+left-padded to a common length, so slot index = step of the sequence). Global layers keep all
+S slots; sliding-window layers keep only W = min(S, window) slots as a ring buffer, which is all
+a window can ever see. Per layer kind, `index` [S_kind] says which sequence slot each cache
+slot holds (-1: empty) and `valid` [B, S_kind] says whether that key is a real token of the row
+(left padding is not). Masks are built from these with the same `make_mask` the training
+forward uses, so the cached and the full forward pass attend to exactly the same keys.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from hone.models.attention import make_mask
+from hone.models.transformer import Transformer
+
+Cache = dict[str, Any]  # {"k": [L x [B,S_l,K,H]], "v": [...], "index": {kind: [S]}, "valid": {...}}
+
+
+def cache_len(model: Transformer, kind: str, total: int) -> int:
+    window = model.window_for(kind)
+    return total if window is None else min(total, window)
+
+
+def init_cache(model: Transformer, batch: int, total: int, dtype) -> Cache:
+    """An empty cache for `batch` rows and `total` sequence slots (prompt + new tokens)."""
+    cfg = model.config
+    shape = lambda kind: (batch, cache_len(model, kind, total), cfg.num_kv_heads, cfg.head_dim)  # noqa: E731
+    kinds = sorted(set(cfg.layer_types))
+    return {
+        "k": [jnp.zeros(shape(t), dtype) for t in cfg.layer_types],
+        "v": [jnp.zeros(shape(t), dtype) for t in cfg.layer_types],
+        "index": {t: jnp.full((cache_len(model, t, total),), -1, jnp.int32) for t in kinds},
+        "valid": {t: jnp.zeros((batch, cache_len(model, t, total)), jnp.bool_) for t in kinds},
+    }
+
+
+def _write(buf: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
+    """Write new [B, T, ...] into ring buffer buf [B, S, ...] at sequence slots start..start+T-1.
+
+    When T > S only the last S entries survive, exactly as if written one by one.
+    """
+    s, t = buf.shape[1], new.shape[1]
+    if t > s:
+        new, start = new[:, t - s:], start + (t - s)
+        t = s
+    slots = (start + jnp.arange(t)) % s
+    return buf.at[:, slots].set(new)
+
+
+def forward_cached(model: Transformer, cache: Cache, tokens: jax.Array, positions: jax.Array,
+                   valid: jax.Array, start: jax.Array) -> tuple[jax.Array, Cache]:
+    """Run `tokens` [B, T] occupying sequence slots start..start+T-1; return logits of the last
+    slot [B, V] and the updated cache.
+
+    Prefill (empty cache, T = prompt length) attends over its own fresh keys, so a prompt longer
+    than a sliding window is exact even though the ring keeps only the last W keys. Decode (T = 1)
+    attends over the cache after writing its own key.
+    """
+    b, t = tokens.shape
+    q_index = jnp.broadcast_to(start + jnp.arange(t, dtype=jnp.int32), (b, t))
+    prefill = t > 1
+    new_cache: Cache = {"k": [], "v": [], "index": {}, "valid": {}}
+    for kind in cache["index"]:
+        new_cache["index"][kind] = _write(
+            cache["index"][kind][None], q_index[:1], start)[0]
+        new_cache["valid"][kind] = _write(cache["valid"][kind], valid, start)
+    masks = {}
+    for kind in cache["index"]:
+        window = model.window_for(kind)
+        if prefill:
+            masks[kind] = make_mask(q_index, q_index, valid, window)
+        else:
+            k_index = jnp.broadcast_to(new_cache["index"][kind][None], (b,) + new_cache["index"][kind].shape)
+            k_valid = new_cache["valid"][kind] & (k_index >= 0)
+            masks[kind] = make_mask(q_index, k_index, k_valid, window)
+    ropes = model.rope_for(positions)
+    x = model.embedder.encode(tokens)
+    for i, layer in enumerate(model.layers):
+        kind = layer.layer_type
+        cos, sin = ropes[kind]
+
+        def attend(h, i=i, kind=kind, cos=cos, sin=sin, layer=layer):
+            q, k, v = layer.attn.project_qkv(h, cos, sin)
+            k_cache = _write(cache["k"][i], k.astype(cache["k"][i].dtype), start)
+            v_cache = _write(cache["v"][i], v.astype(cache["v"][i].dtype), start)
+            new_cache["k"].append(k_cache)
+            new_cache["v"].append(v_cache)
+            if prefill:
+                return layer.attn.attend(q, k, v, masks[kind])
+            return layer.attn.attend(q, k_cache.astype(q.dtype), v_cache.astype(q.dtype),
+                                     masks[kind])
+
+        x = layer(x, attend)
+    last = model.final_norm(x[:, -1:])
+    return model.logits_from_hidden(last)[:, 0], new_cache

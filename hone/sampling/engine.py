@@ -1,0 +1,101 @@
+"""The jitted generation engine: one prefill and one decode loop per (batch, prompt length,
+new-token) bucket, weights passed as arguments.
+
+Design choices:
+- The model's graph definition is a static argument and its parameters an ordinary one, so new
+  weights (RL updates the policy every step) reuse the compiled code: no recompilation, and no
+  second copy of the weights.
+- The decode loop is a `lax.while_loop` that stops at a traced step limit or when every row has
+  finished. Streaming calls the same compiled loop with a limit one step further each time.
+- Each step's random key is `fold_in(seed_key, step)`, so the samples do not depend on how the
+  loop is cut into calls (streaming or not).
+- The cache and loop state are donated: the cache is updated in place.
+"""
+
+from __future__ import annotations
+
+import collections
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from hone.sampling.cache import forward_cached, init_cache
+from hone.sampling.strategies import SamplingMode, choose
+
+# How many times each jitted function was traced (= compiled); tests read it.
+TRACES: collections.Counter = collections.Counter()
+
+State = dict[str, Any]
+
+
+@partial(jax.jit, static_argnames=("graphdef", "mode", "total", "cache_dtype"))
+def prefill(graphdef, params, tokens, valid, key, temperature, top_p, *, mode: SamplingMode,
+            total: int, cache_dtype) -> State:
+    """Prompts tokens/valid [B, P] (left-padded) -> decode state with the first new token."""
+    TRACES["prefill"] += 1
+    model = nnx.merge(graphdef, params)
+    b, p = tokens.shape
+    positions = jnp.maximum(jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1, 0)
+    cache = init_cache(model, b, total, cache_dtype)
+    logits, cache = forward_cached(model, cache, tokens, positions, valid, jnp.int32(0))
+    token, lp, slp = choose(logits, jax.random.fold_in(key, 0), mode, temperature, top_p)
+    n = total - p
+    return {
+        "cache": cache,
+        "key": key,
+        "step": jnp.int32(1),  # tokens generated so far
+        "start": jnp.int32(p),  # sequence slot of the first generated token
+        "next_pos": positions[:, -1] + 1,  # [B] position of the token just generated
+        "done": ~valid[:, -1],  # rows that are batch padding never generate
+        "tokens": jnp.zeros((b, n), jnp.int32).at[:, 0].set(token),
+        "logprobs": jnp.zeros((b, n), jnp.float32).at[:, 0].set(lp),
+        "sampling_logprobs": jnp.zeros((b, n), jnp.float32).at[:, 0].set(slp),
+    }
+
+
+def _finish(state: State, token, eos_ids) -> jax.Array:
+    return state["done"] | jnp.isin(token, eos_ids)
+
+
+@partial(jax.jit, static_argnames=("graphdef", "mode"), donate_argnames=("state",))
+def decode(graphdef, params, state: State, limit, eos_ids, pad_id, temperature, top_p, *,
+           mode: SamplingMode) -> State:
+    """Generate until `limit` tokens exist per row or every row has finished."""
+    TRACES["decode"] += 1
+    model = nnx.merge(graphdef, params)
+    b = state["tokens"].shape[0]
+    # A row is done once its last generated token is an end-of-sequence token.
+    first = state["tokens"][jnp.arange(b), state["step"] - 1]
+    state = dict(state, done=_finish(state, first, eos_ids))
+
+    def cond(s):
+        return (s["step"] < limit) & ~jnp.all(s["done"])
+
+    def body(s):
+        step = s["step"]
+        last = s["tokens"][:, step - 1]
+        logits, cache = forward_cached(
+            model, s["cache"], last[:, None], s["next_pos"][:, None],
+            jnp.ones((b, 1), jnp.bool_), s["start"] + step - 1)
+        token, lp, slp = choose(logits, jax.random.fold_in(s["key"], step), mode, temperature,
+                                top_p)
+        token = jnp.where(s["done"], pad_id, token)
+        zero = jnp.zeros_like(lp)
+        return dict(
+            s, cache=cache, step=step + 1, next_pos=s["next_pos"] + 1,
+            done=_finish(s, token, eos_ids),
+            tokens=s["tokens"].at[:, step].set(token),
+            logprobs=s["logprobs"].at[:, step].set(jnp.where(s["done"], zero, lp)),
+            sampling_logprobs=s["sampling_logprobs"].at[:, step].set(
+                jnp.where(s["done"], zero, slp)))
+
+    return jax.lax.while_loop(cond, body, state)
+
+
+def split_model(model) -> tuple[Any, Any]:
+    """(graphdef, params) with params only: the arrays the engine needs each call."""
+    graphdef, params = nnx.split(model)
+    return graphdef, params

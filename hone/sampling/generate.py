@@ -1,0 +1,174 @@
+"""`hone.generate`: prompts in, completions with per-token log-probabilities out.
+
+Inputs are checked before anything is compiled. Prompts are left-padded into buckets (batch to a
+power of two, prompt length and new-token budget to powers of two from 16), so a program serving
+varied requests compiles a handful of shapes and then only reuses them.
+
+Completion tokens include the end-of-sequence token when one was generated (its log-probability
+is part of the sequence's probability); `.text` leaves it out. Stop strings end a completion
+too; the text stops before the stop string and the tokens at the first token that completes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hone.errors import InputError
+from hone.sampling.engine import decode, prefill, split_model
+from hone.sampling.strategies import SamplingMode
+
+
+@dataclass
+class Completion:
+    text: str | None  # the completion only (None when prompts were token ids without tokenizer)
+    tokens: list[int]  # completion token ids, the end-of-sequence token included if generated
+    logprobs: list[float]  # log p(token) under the model (no temperature, no truncation)
+    sampling_logprobs: list[float] = field(default_factory=list)  # under the sampled distribution
+    finish_reason: str = "length"  # "eos", "stop" or "length"
+
+
+def bucket(n: int, minimum: int = 16) -> int:
+    """The next power of two >= n (at least `minimum`)."""
+    size = minimum
+    while size < n:
+        size *= 2
+    return size
+
+
+def encode_prompt(tokenizer, text: str) -> list[int]:
+    """Token ids of a prompt; no second BOS when a chat template already wrote one."""
+    ids = tokenizer.encode(text)
+    bos = getattr(tokenizer, "bos_id", None)
+    if bos is not None and len(ids) >= 2 and ids[0] == ids[1] == bos:
+        ids = ids[1:]
+    return ids
+
+
+def _check(prompts, tokenizer, max_new_tokens, temperature, top_k, top_p, context):
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
+        raise InputError("prompts must be a non-empty list of strings or token-id lists",
+                         key="prompts")
+    if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+        raise InputError(f"must be a positive integer, got {max_new_tokens!r}",
+                         key="max_new_tokens")
+    if temperature is None or temperature < 0:
+        raise InputError(f"must be >= 0 (0 = greedy), got {temperature!r}", key="temperature")
+    if top_k is not None and (not isinstance(top_k, int) or top_k <= 0):
+        raise InputError(f"must be a positive integer or None, got {top_k!r}", key="top_k")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise InputError(f"must be in (0, 1] or None, got {top_p!r}", key="top_p")
+    ids = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            if tokenizer is None:
+                raise InputError("a text prompt needs a tokenizer", key=f"prompts[{i}]")
+            p = encode_prompt(tokenizer, p)
+        p = [int(t) for t in p]
+        if not p:
+            raise InputError("prompt is empty", key=f"prompts[{i}]")
+        if len(p) + max_new_tokens > context:
+            raise InputError(f"prompt of {len(p)} tokens plus max_new_tokens {max_new_tokens} "
+                             f"exceeds the model's context of {context}", key=f"prompts[{i}]")
+        ids.append(p)
+    return ids
+
+
+def generate(model, tokenizer, prompts, max_new_tokens: int = 64, temperature: float = 0.0,
+             top_k: int | None = None, top_p: float | None = None, seed: int = 0,
+             stop: Sequence[str] = (), eos_ids: Sequence[int] | None = None,
+             on_step: Callable[[np.ndarray], None] | None = None,
+             cache_dtype=None) -> list[Completion]:
+    """Complete each prompt (text, or a list of token ids) with up to max_new_tokens tokens.
+
+    temperature 0 is greedy. on_step, if given, is called with the tokens generated so far
+    [B, n] after every step (streaming). cache_dtype defaults to the model's parameter dtype.
+    """
+    cfg = model.config
+    ids = _check(prompts, tokenizer, max_new_tokens, temperature, top_k, top_p,
+                 cfg.max_position_embeddings)
+    if top_k is not None:
+        top_k = min(top_k, cfg.vocab_size)
+    if eos_ids is None:
+        eos_ids = tuple(getattr(tokenizer, "eos_ids", ()) or ())
+    pad_id = getattr(tokenizer, "pad_id", None) or 0
+    b, p = len(ids), bucket(max(len(x) for x in ids))
+    bb = bucket(b, minimum=1)
+    n = bucket(max_new_tokens)
+    tokens = np.full((bb, p), pad_id, np.int32)
+    valid = np.zeros((bb, p), bool)
+    for i, x in enumerate(ids):
+        tokens[i, p - len(x):] = x
+        valid[i, p - len(x):] = True
+    mode = SamplingMode(greedy=temperature == 0.0, top_k=top_k, use_top_p=top_p is not None)
+    graphdef, params = split_model(model)
+    temp = jnp.float32(temperature or 1.0)
+    nucleus = jnp.float32(top_p if top_p is not None else 1.0)
+    dtype = cache_dtype or jax.tree.leaves(params)[0].dtype
+    state = prefill(graphdef, params, tokens, valid, jax.random.key(seed), temp, nucleus,
+                    mode=mode, total=p + n, cache_dtype=jnp.dtype(dtype))
+    eos = jnp.asarray(list(eos_ids) or [-1], jnp.int32)
+    streaming = on_step is not None or bool(stop)
+    step = 1
+    while True:
+        limit = min(step + 1, max_new_tokens) if streaming else max_new_tokens
+        state = decode(graphdef, params, state, jnp.int32(limit), eos, jnp.int32(pad_id), temp,
+                       nucleus, mode=mode)
+        step = int(state["step"])
+        done = np.asarray(state["done"])
+        if streaming:
+            so_far = np.asarray(state["tokens"][:b, :step])
+            if on_step is not None:
+                on_step(so_far)
+            if stop:
+                hit = [_stop_cut(tokenizer, row, stop) is not None for row in so_far]
+                if any(hit):
+                    state["done"] = state["done"].at[:b].set(done[:b] | np.array(hit))
+                    done = np.asarray(state["done"])
+        if step >= max_new_tokens or done[:b].all():
+            break
+    return _completions(state, b, tokenizer, eos_ids, stop)
+
+
+def _stop_cut(tokenizer, row: np.ndarray, stop: Sequence[str]) -> tuple[int, int] | None:
+    """(tokens to keep, characters to keep) if a stop string occurs in the decoded row."""
+    text = tokenizer.decode([int(t) for t in row])
+    found = [(text.find(s), s) for s in stop if s and s in text]
+    if not found:
+        return None
+    chars = min(found)[0]
+    for k in range(1, len(row) + 1):  # the first token whose text completes the stop string
+        if any(s in tokenizer.decode([int(t) for t in row[:k]]) for s in stop if s):
+            return k, chars
+    return len(row), chars
+
+
+def _completions(state, b, tokenizer, eos_ids, stop) -> list[Completion]:
+    step = int(state["step"])
+    toks = np.asarray(state["tokens"][:b, :step])
+    lps = np.asarray(state["logprobs"][:b, :step])
+    slps = np.asarray(state["sampling_logprobs"][:b, :step])
+    eos = set(int(e) for e in eos_ids)
+    out = []
+    for i in range(b):
+        row = [int(t) for t in toks[i]]
+        n, reason = len(row), "length"
+        for j, t in enumerate(row):
+            if t in eos:
+                n, reason = j + 1, "eos"
+                break
+        text_ids = row[:n - 1] if reason == "eos" else row[:n]
+        text = None
+        if tokenizer is not None:
+            text = tokenizer.decode(text_ids, skip_special_tokens=True)
+            cut = _stop_cut(tokenizer, np.asarray(text_ids, np.int32), stop) if stop else None
+            if cut is not None:
+                n, reason = cut[0], "stop"
+                text = tokenizer.decode(text_ids, skip_special_tokens=False)[:cut[1]]
+        out.append(Completion(text=text, tokens=row[:n], logprobs=lps[i, :n].tolist(),
+                              sampling_logprobs=slps[i, :n].tolist(), finish_reason=reason))
+    return out

@@ -1,0 +1,138 @@
+"""The KV-cache sampler: exact against transformers' greedy generate and against teacher-forced
+log-probabilities, reproducible by seed, compiled once per bucket, strict about its inputs."""
+
+import jax
+import numpy as np
+import pytest
+import torch
+from reference import CASES, hf_model
+
+import hone
+from hone.errors import InputError
+from hone.sampling.engine import TRACES
+from hone.sampling.generate import generate
+
+TOL = 1e-4  # fixed; never loosened
+
+
+def mixed_prompts(n=16, vocab=97, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(1, vocab, rng.integers(1, 13)).tolist() for _ in range(n)]
+
+
+def teacher_forced(model, prompt, completion) -> np.ndarray:
+    seq = np.asarray([prompt + completion], np.int32)
+    lp = np.asarray(jax.nn.log_softmax(model(seq), axis=-1))[0]
+    return np.array([lp[len(prompt) - 1 + j, t] for j, t in enumerate(completion)])
+
+
+def hf_greedy(ref, prompts, new_tokens) -> list[list[int]]:
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        out = ref.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
+                           min_new_tokens=new_tokens, do_sample=False, eos_token_id=None,
+                           pad_token_id=0)
+    return out[:, width:].tolist()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_greedy_matches_transformers_generate(name, tmp_path):
+    ref, folder = hf_model(name, tmp_path)
+    model = hone.load_model(folder)
+    prompts = mixed_prompts()
+    outs = generate(model, None, prompts, max_new_tokens=8, eos_ids=())
+    assert [o.tokens for o in outs] == hf_greedy(ref, prompts, 8)
+    for p, o in zip(prompts, outs):
+        assert np.abs(teacher_forced(model, p, o.tokens) - np.array(o.logprobs)).max() <= TOL
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma3_text"])
+def test_sampled_logprobs_equal_teacher_forced(name, tmp_path):
+    _, folder = hf_model(name, tmp_path)
+    model = hone.load_model(folder)
+    prompts = mixed_prompts(n=5, seed=1)
+    outs = generate(model, None, prompts, max_new_tokens=10, temperature=0.8, top_k=20,
+                    top_p=0.9, seed=7, eos_ids=())
+    for p, o in zip(prompts, outs):
+        assert np.abs(teacher_forced(model, p, o.tokens) - np.array(o.logprobs)).max() <= TOL
+        # The truncated, tempered distribution is sharper than the model's own.
+        assert all(s <= 0.0 for s in o.sampling_logprobs)
+        assert np.mean(o.sampling_logprobs) > np.mean(o.logprobs)
+
+
+def test_seeds(tmp_path):
+    _, folder = hf_model("qwen3", tmp_path)
+    model = hone.load_model(folder)
+    prompts = mixed_prompts(n=4, seed=2)
+    run = lambda seed: [o.tokens for o in generate(model, None, prompts, max_new_tokens=12,  # noqa: E731
+                                                   temperature=1.0, seed=seed, eos_ids=())]
+    assert run(0) == run(0)
+    assert run(0) != run(1)
+
+
+def test_streaming_gives_the_same_samples(tmp_path):
+    _, folder = hf_model("gemma2", tmp_path)
+    model = hone.load_model(folder)
+    prompts = mixed_prompts(n=3, seed=3)
+    seen = []
+    kw = dict(max_new_tokens=9, temperature=1.0, top_p=0.95, seed=5, eos_ids=())
+    streamed = generate(model, None, prompts, on_step=lambda t: seen.append(t.shape[1]), **kw)
+    plain = generate(model, None, prompts, **kw)
+    assert [o.tokens for o in streamed] == [o.tokens for o in plain]
+    assert seen == list(range(2, 10))
+
+
+def test_eos_stops_a_row_and_is_reported(tmp_path):
+    _, folder = hf_model("llama", tmp_path)
+    model = hone.load_model(folder)
+    prompts = mixed_prompts(n=4, seed=4)
+    free = generate(model, None, prompts, max_new_tokens=8, eos_ids=())
+    eos = free[0].tokens[2]  # make the third token of row 0 an end-of-sequence token
+    outs = generate(model, None, prompts, max_new_tokens=8, eos_ids=(eos,))
+    assert outs[0].finish_reason == "eos"
+    assert outs[0].tokens == free[0].tokens[: free[0].tokens.index(eos) + 1]
+    for f, o in zip(free[1:], outs[1:]):
+        if eos not in f.tokens:
+            assert o.tokens == f.tokens and o.finish_reason == "length"
+
+
+def test_no_recompilation_for_same_buckets_or_new_weights():
+    model = hone.load_model("tiny")
+    generate(model, None, [[1, 2, 3], [4, 5]], max_new_tokens=5)
+    before = dict(TRACES)
+    generate(model, None, [[7, 8, 9, 10], [1]], max_new_tokens=7)  # same buckets
+    other = hone.load_model("tiny", seed=1)  # new weights, same architecture
+    generate(other, None, [[3, 3], [9]], max_new_tokens=6)
+    assert dict(TRACES) == before
+
+
+def test_sliding_window_ring_buffer_beyond_window(tmp_path):
+    # Prompts and completions several windows long: the ring buffer keeps only W keys.
+    ref, folder = hf_model("gemma3_text", tmp_path)
+    model = hone.load_model(folder)
+    prompts = mixed_prompts(n=3, seed=5)
+    outs = generate(model, None, prompts, max_new_tokens=20, eos_ids=())
+    assert [o.tokens for o in outs] == hf_greedy(ref, prompts, 20)
+
+
+@pytest.mark.parametrize("kwargs, key", [
+    (dict(prompts=[]), "prompts"),
+    (dict(prompts=[[]]), "prompts[0]"),
+    (dict(prompts=[[1] * 600]), "prompts[0]"),
+    (dict(max_new_tokens=0), "max_new_tokens"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"),
+    (dict(top_k=0), "top_k"),
+    (dict(temperature=-1.0), "temperature"),
+    (dict(prompts=["text"]), "prompts[0]"),
+])
+def test_bad_input_is_refused_before_compiling(kwargs, key):
+    model = hone.load_model("tiny")
+    args = dict(prompts=[[1, 2]], max_new_tokens=4)
+    args.update(kwargs)
+    before = dict(TRACES)
+    with pytest.raises(InputError, match=key.replace("[", r"\[").replace("]", r"\]")):
+        generate(model, None, **args)
+    assert dict(TRACES) == before

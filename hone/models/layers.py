@@ -1,5 +1,5 @@
-"""The single copy of the small layers every family shares: RMSNorm, embedder, rotary embeddings,
-gated MLP, and the helper that creates parameters with logical axis names.
+"""The single copy of the small layers every family shares: RMSNorm, embedder, rotary embeddings
+and the helper that creates parameters with logical axis names (projections: linear.py, mlp.py).
 
 Shape letters used across hone/models/:
   B batch, T query positions, S key positions, D hidden width, F MLP width, V vocabulary,
@@ -104,23 +104,3 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     cos, sin = cos[:, :, None, :].astype(x.dtype), sin[:, :, None, :].astype(x.dtype)
     return x * cos + rotated * sin
-
-
-class GatedMLP(nnx.Module):
-    """down(act(gate(x)) * up(x)): SwiGLU with silu, GeGLU with tanh-approximated gelu."""
-
-    def __init__(self, cfg: ModelConfig, dtype, rngs: nnx.Rngs):
-        d, f = cfg.hidden_size, cfg.intermediate_size
-        self.gate = param(rngs, (d, f), ("embed", "mlp"), dtype)
-        self.up = param(rngs, (d, f), ("embed", "mlp"), dtype)
-        self.down = param(rngs, (f, d), ("mlp", "embed"), dtype)
-        self.activation = cfg.activation
-
-    def __call__(self, x: jax.Array) -> jax.Array:  # [B, T, D] -> [B, T, D]
-        gate = jnp.einsum("BTD,DF->BTF", x, self.gate[...])
-        up = jnp.einsum("BTD,DF->BTF", x, self.up[...])
-        if self.activation == "silu":
-            act = jax.nn.silu(gate)
-        else:
-            act = jax.nn.gelu(gate, approximate=True)
-        return jnp.einsum("BTF,FD->BTD", act * up, self.down[...])

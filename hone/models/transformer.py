@@ -16,7 +16,9 @@ from flax import nnx
 
 from hone.models.attention import Attention, make_mask
 from hone.models.config import ModelConfig
-from hone.models.layers import Embedder, GatedMLP, RMSNorm, param, rope_inv_freq, rope_tables
+from hone.models.layers import Embedder, RMSNorm, rope_inv_freq, rope_tables
+from hone.models.linear import Linear
+from hone.models.mlp import GatedMLP
 
 
 class Block(nnx.Module):
@@ -55,7 +57,8 @@ class Transformer(nnx.Module):
         self.layers = nnx.List([Block(cfg, t, dtype, rngs) for t in cfg.layer_types])
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps, cfg.norm_offset, dtype)
         self.lm_head = (None if cfg.tie_embeddings else
-                        param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), dtype))
+                        Linear((cfg.hidden_size,), (cfg.vocab_size,), ("embed", "vocab"), dtype,
+                               rngs))
 
     # --- pieces shared by the full forward pass and the sampler -------------------------------
     def rope_for(self, positions: jax.Array) -> dict[str, tuple[jax.Array, jax.Array]]:
@@ -79,7 +82,7 @@ class Transformer(nnx.Module):
         if self.lm_head is None:
             logits = self.embedder.decode(x)
         else:
-            logits = jnp.einsum("BTD,DV->BTV", x, self.lm_head[...])
+            logits = self.lm_head(x)
         logits = logits.astype(jnp.float32)
         cap = self.config.final_logit_softcap
         if cap is not None:

@@ -21,7 +21,7 @@ from hone.errors import InputError
 from hone.models.config import ModelConfig
 from hone.models.transformer import Transformer
 
-Path = tuple  # a flat nnx state path, e.g. ("layers", 0, "attn", "q")
+Path = tuple  # a flat nnx state path, e.g. ("layers", 0, "attn", "q", "kernel")
 
 # Layout kinds: "same" (identical), "in" (hone [in, *out] <-> HF [prod(out), in]),
 # "out" (hone [*in, out] <-> HF [out, prod(in)]), "bias" (hone [N, H] <-> HF [N*H]).
@@ -34,17 +34,17 @@ def hf_name_table(cfg: ModelConfig) -> dict[Path, tuple[str, str]]:
         ("final_norm", "scale"): ("model.norm.weight", "same"),
     }
     if not cfg.tie_embeddings:
-        table[("lm_head",)] = ("lm_head.weight", "in")
+        table[("lm_head", "kernel")] = ("lm_head.weight", "in")
     gemma_norms = cfg.post_norms
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
         L = ("layers", i)
         table[L + ("attn_norm", "scale")] = (p + "input_layernorm.weight", "same")
         for x in "qkv":
-            table[L + ("attn", x)] = (p + f"self_attn.{x}_proj.weight", "in")
+            table[L + ("attn", x, "kernel")] = (p + f"self_attn.{x}_proj.weight", "in")
             if cfg.attention_bias:
                 table[L + ("attn", f"{x}_bias")] = (p + f"self_attn.{x}_proj.bias", "bias")
-        table[L + ("attn", "o")] = (p + "self_attn.o_proj.weight", "out")
+        table[L + ("attn", "o", "kernel")] = (p + "self_attn.o_proj.weight", "out")
         if cfg.qk_norm:
             table[L + ("attn", "q_norm", "scale")] = (p + "self_attn.q_norm.weight", "same")
             table[L + ("attn", "k_norm", "scale")] = (p + "self_attn.k_norm.weight", "same")
@@ -56,9 +56,9 @@ def hf_name_table(cfg: ModelConfig) -> dict[Path, tuple[str, str]]:
                                                      "same")
         else:  # Llama/Qwen/Gemma call the pre-MLP norm "post_attention_layernorm"
             table[L + ("mlp_norm", "scale")] = (p + "post_attention_layernorm.weight", "same")
-        table[L + ("mlp", "gate")] = (p + "mlp.gate_proj.weight", "in")
-        table[L + ("mlp", "up")] = (p + "mlp.up_proj.weight", "in")
-        table[L + ("mlp", "down")] = (p + "mlp.down_proj.weight", "in")
+        table[L + ("mlp", "gate", "kernel")] = (p + "mlp.gate_proj.weight", "in")
+        table[L + ("mlp", "up", "kernel")] = (p + "mlp.up_proj.weight", "in")
+        table[L + ("mlp", "down", "kernel")] = (p + "mlp.down_proj.weight", "in")
     return table
 
 

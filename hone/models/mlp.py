@@ -1,0 +1,26 @@
+"""The gated MLP: down(act(gate(x)) * up(x)), SwiGLU with silu, GeGLU with tanh-gelu (Gemma)."""
+
+from __future__ import annotations
+
+import jax
+from flax import nnx
+
+from hone.models.config import ModelConfig
+from hone.models.linear import Linear
+
+
+class GatedMLP(nnx.Module):
+    def __init__(self, cfg: ModelConfig, dtype, rngs: nnx.Rngs):
+        d, f = cfg.hidden_size, cfg.intermediate_size
+        self.gate = Linear((d,), (f,), ("embed", "mlp"), dtype, rngs)
+        self.up = Linear((d,), (f,), ("embed", "mlp"), dtype, rngs)
+        self.down = Linear((f,), (d,), ("mlp", "embed"), dtype, rngs)
+        self.activation = cfg.activation
+
+    def __call__(self, x: jax.Array) -> jax.Array:  # [B, T, D] -> [B, T, D]
+        gate = self.gate(x)  # [B, T, F]
+        if self.activation == "silu":
+            act = jax.nn.silu(gate)
+        else:
+            act = jax.nn.gelu(gate, approximate=True)
+        return self.down(act * self.up(x))

@@ -10,9 +10,9 @@ templates lives in `hone.chat_template`. Design choices:
   library's own, and `save()` is always a `tokenizer.json` that `transformers` reads unchanged.
 - BOS is added by the backend's post-processor, exactly where `tokenizers`' `encode(text).ids` adds it,
   so ids agree with the reference libraries without a second rule living here.
-- GGUF metadata is read by `read_gguf_metadata` below, not `gguf.GGUFReader`: the reader builds a numpy
-  view per array element and needs about 10 s for Gemma 3's 262k-token vocabulary, while reading just
-  the key-value section takes well under a second. Constants and type codes still come from `gguf`.
+- GGUF metadata is read by `hone.models.gguf_format.read_metadata`, hone's one GGUF parser, asking it
+  to decode only the two string arrays used here (tokens and merges); it needs well under a second for
+  Gemma 3's 262k-token vocabulary, where `gguf.GGUFReader` needs about 10 s.
 - A GGUF "llama" (SentencePiece BPE) vocabulary becomes a `tokenizers` BPE whose merges are recovered
   from the pieces, ranked by piece order (for normal pieces the scores fall strictly with the id, so
   this is SentencePiece's own "best score first" rule). Control tokens (`<start_of_turn>`) become
@@ -23,18 +23,16 @@ templates lives in `hone.chat_template`. Design choices:
 from __future__ import annotations
 
 import json
-import mmap
-import struct
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import tokenizers
-from gguf import GGUF_MAGIC, GGUFValueType
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 
 from hone.chat_template import render_chat
 from hone.errors import InputError
+from hone.models.gguf_format import read_metadata
 
 # Tokens that close a chat turn in common templates. One of them joins `eos_ids` when it is a special
 # token of the vocabulary and the chat template writes it (or there is no template to ask, as in
@@ -44,6 +42,9 @@ _END_OF_TURN_TOKENS = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|eom_id|>"
 # GGUF token_type codes used here (llama.cpp's, the same as SentencePiece's piece types; the others
 # are 2 unknown, 5 unused, 6 byte).
 _NORMAL, _CONTROL, _USER_DEFINED = 1, 3, 4
+
+# The metadata string arrays `from_gguf` reads; the parser skips every other one without decoding.
+_GGUF_STRING_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges")
 
 # Pre-tokenizer regexes for byte-level GGUF vocabularies, keyed by `tokenizer.ggml.pre`. A vocabulary's
 # merges only reproduce its training-time ids when text is cut the same way, so an unknown key is an
@@ -175,7 +176,7 @@ class Tokenizer:
     def from_gguf(cls, path: str | Path) -> Tokenizer:
         """Rebuild the tokenizer described by a GGUF file's `tokenizer.*` metadata."""
         path = str(path)
-        meta = read_gguf_metadata(path)
+        meta = read_metadata(path, arrays=_GGUF_STRING_ARRAYS)
 
         def need(key: str) -> Any:
             if key not in meta:
@@ -379,100 +380,3 @@ def _sentencepiece_bpe(tokens: list[str], types: np.ndarray, meta: dict[str, Any
     # User-defined pieces are matched after the space escape, so "▁▁" finds a run of two spaces.
     backend.add_special_tokens(_added_tokens(tokens, types, normalized_user=True))
     return backend
-
-
-# ---- GGUF metadata --------------------------------------------------------------------------------------
-
-_SCALAR_CODES = {
-    GGUFValueType.UINT8: "B", GGUFValueType.INT8: "b", GGUFValueType.UINT16: "H", GGUFValueType.INT16: "h",
-    GGUFValueType.UINT32: "I", GGUFValueType.INT32: "i", GGUFValueType.FLOAT32: "f",
-    GGUFValueType.UINT64: "Q", GGUFValueType.INT64: "q", GGUFValueType.FLOAT64: "d", GGUFValueType.BOOL: "?",
-}
-
-
-class _Cursor:
-    """Sequential little/big-endian reads over the file's bytes, with bounds checks."""
-
-    def __init__(self, data: mmap.mmap, order: str):
-        self.data, self.order, self.pos = data, order, 0
-
-    def scalar(self, code: str) -> Any:
-        fmt = self.order + code
-        value = struct.unpack_from(fmt, self.data, self.pos)[0]
-        self.pos += struct.calcsize(fmt)
-        return value
-
-    def string(self) -> str:
-        length = self.scalar("Q")
-        end = self.pos + length
-        if end > len(self.data):
-            raise ValueError(f"a string of {length} bytes runs past the end of the file")
-        text = self.data[self.pos:end].decode("utf-8")
-        self.pos = end
-        return text
-
-    def strings(self, count: int) -> list[str]:
-        # Inlined loop: 262k vocabulary strings are read in a fraction of a second this way.
-        data, size, pos, out = self.data, len(self.data), self.pos, []
-        unpack = struct.Struct(self.order + "Q").unpack_from
-        for _ in range(count):
-            end = pos + 8 + unpack(data, pos)[0]
-            if end > size:
-                raise ValueError("a string runs past the end of the file")
-            out.append(data[pos + 8:end].decode("utf-8"))
-            pos = end
-        self.pos = pos
-        return out
-
-    def value(self, vtype: int) -> Any:
-        if vtype == GGUFValueType.STRING:
-            return self.string()
-        if vtype in _SCALAR_CODES:
-            return self.scalar(_SCALAR_CODES[GGUFValueType(vtype)])
-        if vtype != GGUFValueType.ARRAY:
-            raise ValueError(f"unknown value type {vtype}")
-        item_type, count = self.scalar("I"), self.scalar("Q")
-        if item_type == GGUFValueType.STRING:
-            return self.strings(count)
-        if item_type in _SCALAR_CODES:
-            # One numpy read for the whole array: token types and scores hold 262k entries for Gemma 3.
-            dtype = np.dtype(self.order + _SCALAR_CODES[GGUFValueType(item_type)])
-            array = np.frombuffer(self.data, dtype=dtype, count=count, offset=self.pos).copy()
-            self.pos += dtype.itemsize * count
-            return array
-        if count > len(self.data):
-            raise ValueError(f"an array of {count} entries cannot fit in the file")
-        return [self.value(item_type) for _ in range(count)]
-
-
-def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
-    """Every key-value pair of a GGUF file's header: strings, numbers, numpy arrays, lists of strings."""
-    path = str(path)
-    try:
-        with open(path, "rb") as file:
-            data = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-    except FileNotFoundError as err:
-        raise InputError("no such GGUF file", path=path) from err
-    except (OSError, ValueError) as err:  # ValueError: mmap of an empty file
-        raise InputError(f"cannot read it as a GGUF file ({err})", path=path) from err
-    with data:
-        if len(data) < 24 or struct.unpack_from("<I", data, 0)[0] != GGUF_MAGIC:
-            raise InputError("not a GGUF file (it does not start with the GGUF magic bytes)", path=path)
-        version = struct.unpack_from("<I", data, 4)[0]
-        order = "<"
-        if version & 0xFFFF == 0:  # written on a big-endian machine
-            order, version = ">", struct.unpack_from(">I", data, 4)[0]
-        if version not in (2, 3):
-            raise InputError(f"GGUF version {version} is not supported (2 and 3 are)", path=path)
-        cursor = _Cursor(data, order)
-        cursor.pos = 8
-        key = None
-        try:
-            _tensor_count, kv_count = cursor.scalar("Q"), cursor.scalar("Q")
-            meta: dict[str, Any] = {}
-            for _ in range(kv_count):
-                key = cursor.string()
-                meta[key] = cursor.value(cursor.scalar("I"))
-        except (struct.error, ValueError, UnicodeDecodeError) as err:
-            raise InputError(f"corrupt GGUF header ({err})", path=path, key=key) from err
-    return meta

@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
 from hone.errors import InputError
-from hone.tokenizer import Tokenizer, read_gguf_metadata
+from hone.models.gguf_format import read_metadata
+from hone.tokenizer import Tokenizer
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
@@ -341,7 +342,7 @@ def _sentencepiece_reference(path: Path):
     import sentencepiece
     from sentencepiece import sentencepiece_model_pb2 as pb
 
-    meta = read_gguf_metadata(path)
+    meta = read_metadata(path, arrays=["tokenizer.ggml.tokens"])
     proto = pb.ModelProto()
     proto.trainer_spec.model_type = pb.TrainerSpec.BPE
     proto.trainer_spec.byte_fallback = True
@@ -534,7 +535,7 @@ def test_small_gguf_rebuilds_the_tokenizer(small_gguf, text):
 
 def test_gguf_metadata_reader(tmp_path):
     path = _trained_gguf(tmp_path / "t.gguf")
-    meta = read_gguf_metadata(path)
+    meta = read_metadata(path, arrays=["tokenizer.ggml.tokens"])
     assert meta["general.architecture"] == "llama"
     assert meta["tokenizer.ggml.tokens"][:2] == ["<s>", "</s>"]
     assert isinstance(meta["tokenizer.ggml.token_type"], np.ndarray)

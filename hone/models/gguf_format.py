@@ -39,6 +39,7 @@ _MAGIC = b"GGUF"
 _VERSIONS = (2, 3)
 _DEFAULT_ALIGNMENT = 32  # GGUF spec: tensor data alignment unless general.alignment overrides it
 _MAX_DIMS = 4  # ggml tensors have at most 4 dimensions; more means a corrupt header
+_MAX_NESTING = 8  # arrays of arrays deeper than this are corruption (and would exhaust the stack)
 
 # struct (and numpy) codes of the scalar metadata types, without the byte-order prefix.
 _CODES: dict[GGUFValueType, str] = {
@@ -122,7 +123,10 @@ def _mapped(path: Path) -> Iterator[tuple[mmap.mmap, int]]:
         if size < 4:  # (an empty file cannot even be mapped)
             raise InputError(f"the file has only {size} bytes; it is not a GGUF file",
                              path=str(path))
-        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as e:  # not a regular file, or it shrank since stat()
+            raise InputError(f"cannot map the GGUF file ({e})", path=str(path)) from None
         try:
             yield buf, size
         finally:
@@ -181,7 +185,7 @@ class _Cursor:
             raise self._error(f"{what} has unknown value type {raw}; the GGUF header is "
                               f"corrupt") from None
 
-    def value(self, vtype: GGUFValueType, what: str, decode: bool) -> Any:
+    def value(self, vtype: GGUFValueType, what: str, decode: bool, depth: int = 0) -> Any:
         """One metadata value; `decode` says whether string arrays are decoded or skipped."""
         if vtype == GGUFValueType.STRING:
             return self.string(what)
@@ -204,7 +208,10 @@ class _Cursor:
             return self.strings(count, what, decode)
         # Arrays of arrays: each element takes at least 12 bytes (type and count), so a corrupt
         # count runs into the end of the file quickly instead of looping for ever.
-        items = [self.value(item_type, what, decode) for _ in range(count)]
+        if depth >= _MAX_NESTING:
+            raise self._error(f"{what} nests arrays more than {_MAX_NESTING} deep; the GGUF "
+                              f"header is corrupt")
+        items = [self.value(item_type, what, decode, depth + 1) for _ in range(count)]
         return items if decode else SkippedArray(count)
 
     def strings(self, count: int, what: str, decode: bool) -> list[str] | SkippedArray:
@@ -214,20 +221,20 @@ class _Cursor:
         a tenth of a second this way, decoded or not.
         """
         buf, size, pos, out = self.buf, self.size, self.pos, []
-        unpack = _STRUCTS[self.order + "Q"].unpack_from
+        unpack, append = _STRUCTS[self.order + "Q"].unpack_from, out.append
         try:
             for _ in range(count):
-                if size - pos < 8:
-                    break
-                end = pos + 8 + unpack(buf, pos)[0]
+                end = pos + 8 + unpack(buf, pos)[0]  # struct.error when the length is cut off
                 if end > size:
                     break
                 if decode:
-                    out.append(buf[pos + 8:end].decode("utf-8"))
+                    append(buf[pos + 8:end].decode("utf-8"))
                 pos = end
             else:
                 self.pos = pos
                 return out if decode else SkippedArray(count)
+        except struct.error:
+            pass
         except UnicodeDecodeError:
             raise self._error(f"{what} has a string at byte {pos} that is not UTF-8; the GGUF "
                               f"header is corrupt") from None

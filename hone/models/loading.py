@@ -15,9 +15,9 @@ from flax import nnx
 
 from hone.errors import InputError
 from hone.models.config import PRESETS
+from hone.models.shipped import SHIPPED_MODELS as SHIPPED
 from hone.models.transformer import Transformer
 
-SHIPPED = ("smollm2-135m-instruct", "gemma3-270m")
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -31,7 +31,7 @@ def _dtype(dtype):
 
 
 def _gguf_path(source: str) -> Path:
-    from hone.models.gguf import shipped_gguf_path
+    from hone.models.shipped import shipped_gguf_path
     return shipped_gguf_path(source)
 
 

@@ -1,0 +1,199 @@
+"""The configuration of the training commands: one frozen dataclass per YAML section.
+
+This file owns the names, types, defaults and rules of every config key (`hone.config.loader` reads
+files into these classes). Design choices:
+
+- Every field is defaulted, so an empty file is a valid config and a test can build
+  `SFTConfig(train=TrainSection(max_steps=2))` in Python.
+- Single-value rules (allowed values, bounds, "compiles as a regex") are field metadata, checked by
+  the loader with the key and file in the message. Rules between fields live in
+  `TrainConfig.__post_init__`, which also re-checks the metadata, so Python-built configs obey too.
+- One class per command (`SFTConfig`, later `DPOConfig` with a `dpo:` section, ...) so that each
+  command rejects the keys of the others. A subclass that adds `__post_init__` calls super's.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from hone.config.loader import check_fields
+from hone.errors import InputError
+
+
+def _regex(value: str) -> str | None:
+    """`check` rule: the value compiles as a Python regular expression."""
+    try:
+        re.compile(value)
+    except re.error as e:
+        return f"not a valid regular expression: {e}"
+    return None
+
+
+def _axis_size(value: int) -> str | None:
+    """`check` rule for a mesh axis: -1 (all devices left over) or a positive size."""
+    if value == -1 or value >= 1:
+        return None
+    return f"must be -1 (the devices left over) or a size >= 1, got {value}"
+
+
+@dataclass(frozen=True)
+class LoraSection:
+    # Adapter rank; 0 = no adapters, every parameter of the model trains.
+    rank: int = field(default=0, metadata={"min": 0})
+    # The adapter update is scaled by alpha / rank.
+    alpha: float = 16.0
+    # Dropout on the adapter input; 1 would zero every update.
+    dropout: float = field(default=0.0, metadata={"min": 0.0, "lt": 1.0})
+    # Which linear layers get adapters: re.fullmatch against "/"-joined module paths such as
+    # "layers/3/attn/q". The default is every attention and MLP projection.
+    targets: str = field(default=r".*/(attn/(q|k|v|o)|mlp/(gate|up|down))",
+                         metadata={"check": _regex})
+    # Storage of the frozen base weights: none, nf4 (QLoRA) or int8. Needs rank > 0.
+    quantize: str = field(default="none", metadata={"choices": ("none", "nf4", "int8")})
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    # Anything hone.load_model takes: a preset name, a Hugging Face folder or a .gguf file.
+    source: str = "tiny"
+    # Dtype the parameters are stored in.
+    dtype: str = field(default="float32", metadata={"choices": ("float32", "bfloat16")})
+    # Low-rank adapters (LoRA / QLoRA); off by default.
+    lora: LoraSection = field(default_factory=LoraSection)
+
+
+@dataclass(frozen=True)
+class DataSection:
+    # Training records: a JSONL or Parquet file, a saved `datasets` folder, or "builtin:NAME".
+    path: str = "builtin:arithmetic"
+    # Evaluation records, same forms; None = no evaluation.
+    eval_path: str | None = "builtin:arithmetic-eval"
+    # Record layout; auto detects it from the fields of the records.
+    format: str = field(default="auto",
+                        metadata={"choices": ("auto", "messages", "prompt_completion", "text")})
+    # Tokens per sequence, prompt included.
+    max_length: int = field(default=256, metadata={"min": 8})
+    # Pack several records into each sequence (attention stays within a record).
+    pack: bool = False
+    # completion = loss only on assistant/completion tokens; all = on every token.
+    loss_on: str = field(default="completion", metadata={"choices": ("completion", "all")})
+    # What to do with a record longer than max_length: cut it, or skip it.
+    overlong: str = field(default="truncate", metadata={"choices": ("truncate", "drop")})
+    # Use only the first N records; None = all of them.
+    max_records: int | None = field(default=None, metadata={"min": 1})
+
+
+@dataclass(frozen=True)
+class TrainSection:
+    # Optimizer steps to train for (a resumed run continues up to this).
+    max_steps: int = field(default=100, metadata={"min": 1})
+    # Sequences per optimizer step, over all devices and micro-batches.
+    batch_size: int = field(default=8, metadata={"min": 1})
+    # Micro-batches per step whose gradients are summed; must divide batch_size.
+    grad_accum: int = field(default=1, metadata={"min": 1})
+    # Peak learning rate.
+    lr: float = field(default=1e-4, metadata={"min": 0.0})
+    # Learning-rate decay after warmup, down to min_lr_ratio * lr at max_steps.
+    schedule: str = field(default="cosine", metadata={"choices": ("constant", "linear", "cosine")})
+    # Steps of linear warmup from 0 to lr; fewer than max_steps.
+    warmup_steps: int = field(default=0, metadata={"min": 0})
+    # Final learning rate as a fraction of lr.
+    min_lr_ratio: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
+    # Decoupled (AdamW) weight decay.
+    weight_decay: float = field(default=0.0, metadata={"min": 0.0})
+    # Adam first-moment decay.
+    b1: float = field(default=0.9, metadata={"min": 0.0, "lt": 1.0})
+    # Adam second-moment decay.
+    b2: float = field(default=0.999, metadata={"min": 0.0, "lt": 1.0})
+    # Adam denominator epsilon.
+    eps: float = field(default=1e-8, metadata={"min": 0.0})
+    # Clip the global gradient norm to this; 0 = no clipping.
+    max_grad_norm: float = field(default=1.0, metadata={"min": 0.0})
+    # Seed of parameter init, data order, dropout and sampling.
+    seed: int = field(default=0, metadata={"min": 0})
+    # fp32, or bf16 = bf16 compute with fp32 parameters, optimizer state and accumulation.
+    precision: str = field(default="fp32", metadata={"choices": ("fp32", "bf16")})
+    # Rematerialization of each block in the backward pass (memory for compute).
+    remat: str = field(default="none",
+                       metadata={"choices": ("none", "full", "save_dots", "offload")})
+    # Evaluate every N steps; 0 = only at the end.
+    eval_every: int = field(default=0, metadata={"min": 0})
+    # Batches per evaluation.
+    eval_batches: int = field(default=4, metadata={"min": 1})
+
+
+@dataclass(frozen=True)
+class CheckpointSection:
+    # Save every N steps; 0 = only at the end.
+    every_steps: int = field(default=50, metadata={"min": 0})
+    # Newest checkpoints kept on disk.
+    keep: int = field(default=3, metadata={"min": 1})
+    # Write checkpoints in the background while training continues.
+    async_save: bool = True
+
+
+@dataclass(frozen=True)
+class LogSection:
+    # Log metrics every N steps.
+    every_steps: int = field(default=1, metadata={"min": 1})
+    # Where metrics go; jsonl writes run_dir/metrics.jsonl.
+    sinks: tuple[str, ...] = field(
+        default=("console", "jsonl", "tensorboard"),
+        metadata={"choices": ("console", "jsonl", "tensorboard", "prometheus")})
+    # Peak FLOP/s of one device, for MFU; None = unknown, MFU not logged.
+    peak_flops: float | None = field(default=None, metadata={"gt": 0.0})
+
+
+@dataclass(frozen=True)
+class MeshSection:
+    # Data-parallel axis size; -1 = the devices left over.
+    data: int = field(default=1, metadata={"check": _axis_size})
+    # Fully sharded data-parallel axis size (parameters sharded); -1 = the devices left over.
+    fsdp: int = field(default=1, metadata={"check": _axis_size})
+    # Tensor-parallel axis size; -1 = the devices left over.
+    tp: int = field(default=1, metadata={"check": _axis_size})
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    # Folder for checkpoints, metrics.jsonl and the resolved config.yaml; reused = resume.
+    run_dir: str = "runs/default"
+    # The model to train and its adapters.
+    model: ModelSection = field(default_factory=ModelSection)
+    # Training and evaluation records.
+    data: DataSection = field(default_factory=DataSection)
+    # Optimizer, schedule, batch and precision.
+    train: TrainSection = field(default_factory=TrainSection)
+    # Saving and keeping checkpoints.
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    # Metrics logging.
+    log: LogSection = field(default_factory=LogSection)
+    # Device mesh axis sizes.
+    mesh: MeshSection = field(default_factory=MeshSection)
+
+    def __post_init__(self):
+        check_fields(self)
+        if not self.run_dir.strip():
+            raise InputError("must name a folder, got an empty string", key="run_dir")
+        lora, train, mesh = self.model.lora, self.train, self.mesh
+        if lora.quantize != "none" and lora.rank == 0:
+            raise InputError(f"'{lora.quantize}' quantizes the frozen base, so it needs adapters "
+                             f"to train: set model.lora.rank > 0, or model.lora.quantize to none",
+                             key="model.lora.quantize")
+        if train.batch_size % train.grad_accum:
+            raise InputError(f"{train.batch_size} is not divisible by train.grad_accum "
+                             f"({train.grad_accum}), the number of micro-batches per step",
+                             key="train.batch_size")
+        if train.warmup_steps and train.warmup_steps >= train.max_steps:
+            raise InputError(f"{train.warmup_steps} must be less than train.max_steps "
+                             f"({train.max_steps})", key="train.warmup_steps")
+        rest = [f"mesh.{axis}" for axis in ("data", "fsdp", "tp") if getattr(mesh, axis) == -1]
+        if len(rest) > 1:
+            raise InputError(f"only one mesh axis can be -1 (the devices left over), "
+                             f"got {' and '.join(rest)}", key=rest[1])
+
+
+@dataclass(frozen=True)
+class SFTConfig(TrainConfig):
+    """`hone sft`: supervised fine-tuning. No keys beyond TrainConfig's."""

@@ -4,12 +4,17 @@ The kernel keeps its logical shape ([D, N, H] for q, [N, H, D] for o, [D, F] for
 sharding rules see the head axes, but the product is always one plain 2-D matmul: XLA:CPU turned
 the equivalent multi-axis einsums into a transpose of the kernel on every call (3x slower decode).
 Having a single projection type is also what lets adapters (LoRA) and quantized storage attach to
-every weight in one place.
+every weight in one place:
+- `lora` (hone/models/lora.py): adds (dropout(x) @ A @ B) * alpha / r to the product;
+- `quant` (hone/models/quant.py): replaces `kernel` by packed codes and scales, dequantized to
+  the kernel's dtype right before the matmul.
+Both are None on a plain model; lora.py attaches them, so this file imports neither.
 """
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -17,14 +22,22 @@ from flax import nnx
 
 from hone.models.layers import param
 
+if TYPE_CHECKING:
+    from hone.models.lora import LoRA
+    from hone.models.quant import QuantizedWeight
+
 
 class Linear(nnx.Module):
-    """y[..., *out] = x[..., *in] @ kernel[*in, *out]."""
+    """y[..., *out] = x[..., *in] @ kernel[*in, *out] (+ the LoRA update, if attached)."""
 
     def __init__(self, in_shape: tuple[int, ...], out_shape: tuple[int, ...],
                  names: tuple[str, ...], dtype, rngs: nnx.Rngs):
         self.in_shape, self.out_shape = tuple(in_shape), tuple(out_shape)
-        self.kernel = param(rngs, self.in_shape + self.out_shape, names, dtype)
+        self.names = tuple(names)  # logical axis names of the kernel, in then out
+        self.kernel: nnx.Param | None = param(rngs, self.in_shape + self.out_shape, names, dtype)
+        # Attached later by lora.py; nnx.data marks them as pytree data while still None.
+        self.quant: QuantizedWeight | None = nnx.data(None)  # replaces kernel when quantized
+        self.lora: LoRA | None = nnx.data(None)
 
     @property
     def in_features(self) -> int:
@@ -34,8 +47,16 @@ class Linear(nnx.Module):
     def out_features(self) -> int:
         return math.prod(self.out_shape)
 
+    def weight(self) -> jax.Array:
+        """The base kernel as the [in_features, out_features] matrix that multiplies x."""
+        if self.quant is not None:
+            return self.quant.dequantize()
+        return self.kernel[...].reshape(self.in_features, self.out_features)
+
     def __call__(self, x: jax.Array) -> jax.Array:
         lead = x.shape[: x.ndim - len(self.in_shape)]
         x2 = x.reshape(lead + (self.in_features,))
-        y = jnp.dot(x2, self.kernel[...].reshape(self.in_features, self.out_features))
+        y = jnp.dot(x2, self.weight())
+        if self.lora is not None:
+            y = y + self.lora(x2).astype(y.dtype)
         return y.reshape(lead + self.out_shape)

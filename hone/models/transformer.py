@@ -21,6 +21,18 @@ from hone.models.linear import Linear
 from hone.models.mlp import GatedMLP
 
 
+def remat_policy(name: str):
+    """The jax.checkpoint policy of a remat setting (see Transformer.remat)."""
+    policies = jax.checkpoint_policies
+    if name == "full":
+        return policies.nothing_saveable
+    if name == "save_dots":
+        return policies.dots_with_no_batch_dims_saveable
+    if name == "offload":
+        return policies.offload_dot_with_no_batch_dims("device", "pinned_host")
+    raise ValueError(f"unknown remat policy {name!r}")
+
+
 class Block(nnx.Module):
     """Pre-norm residual block; Gemma 2/3 also normalise each sub-layer's output."""
 
@@ -56,6 +68,10 @@ class Transformer(nnx.Module):
         self.embedder = Embedder(cfg, dtype, rngs)
         self.layers = nnx.List([Block(cfg, t, dtype, rngs) for t in cfg.layer_types])
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps, cfg.norm_offset, dtype)
+        # Gradient checkpointing of each block: "none", "full", "save_dots" or "offload" (dots
+        # to host memory where the backend has one). Set by the trainer; static, so a change
+        # compiles a new step.
+        self.remat = "none"
         self.lm_head = (None if cfg.tie_embeddings else
                         Linear((cfg.hidden_size,), (cfg.vocab_size,), ("embed", "vocab"), dtype,
                                rngs))
@@ -110,10 +126,15 @@ class Transformer(nnx.Module):
                  for kind in set(self.config.layer_types)}
         ropes = self.rope_for(positions)
         x = self.embedder.encode(tokens)
+
+        def run(layer, x, cos, sin, mask):
+            return layer(x, lambda h: layer.attn(h, cos, sin, mask))
+
+        if self.remat != "none":
+            run = nnx.remat(run, policy=remat_policy(self.remat))
         for layer in self.layers:
             cos, sin = ropes[layer.layer_type]
-            mask = masks[layer.layer_type]
-            x = layer(x, lambda h: layer.attn(h, cos, sin, mask))  # noqa: B023 (called at once)
+            x = run(layer, x, cos, sin, masks[layer.layer_type])
         return self.final_norm(x)
 
     def __call__(self, tokens: jax.Array, positions: jax.Array | None = None,

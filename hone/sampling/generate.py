@@ -108,7 +108,7 @@ def generate(model, tokenizer, prompts, max_new_tokens: int = 64, temperature: f
     graphdef, params = split_model(model)
     temp = jnp.float32(temperature or 1.0)
     nucleus = jnp.float32(top_p if top_p is not None else 1.0)
-    dtype = cache_dtype or jax.tree.leaves(params)[0].dtype
+    dtype = cache_dtype or model.embedder.embedding[...].dtype
     state = prefill(graphdef, params, tokens, valid, jax.random.key(seed), temp, nucleus,
                     mode=mode, total=p + n, cache_dtype=jnp.dtype(dtype))
     eos = jnp.asarray(list(eos_ids) or [-1], jnp.int32)

@@ -1,0 +1,1 @@
+"""Training core: train state, optimizer, jitted step, generic loop."""

@@ -1,0 +1,54 @@
+"""The train state: everything a run needs to continue exactly, as plain pytrees.
+
+Trainable parameters live in a flat dict keyed by "/"-joined paths ("layers/3/attn/q/kernel").
+Flat string keys make checkpoints readable and independent of Flax's containers, and the
+optimizer state mirrors the same keys. The frozen rest of the model (the base weights when
+training adapters) is not part of the state: it is rebuilt from the model source on resume,
+so a LoRA checkpoint holds only adapters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+
+def path_key(path: tuple) -> str:
+    return "/".join(str(p) for p in path)
+
+
+def flatten(state: nnx.State) -> dict[str, jax.Array]:
+    """nnx.State -> {"a/b/0/c": array}."""
+    return {path_key(path): var[...] for path, var in nnx.to_flat_state(state)}
+
+
+def unflatten(template: nnx.State, flat: dict[str, jax.Array]) -> nnx.State:
+    """Put arrays from a flat dict back into the structure of `template` (an nnx.State)."""
+    leaves = [(path, var.replace(flat[path_key(path)]))
+              for path, var in nnx.to_flat_state(template)]
+    return nnx.from_flat_state(leaves)
+
+
+def split_model(model: nnx.Module, trainable) -> tuple[Any, nnx.State, nnx.State]:
+    """(graphdef, trainable state, everything else) for an nnx filter `trainable`."""
+    graphdef, train_state, rest = nnx.split(model, trainable, ...)
+    return graphdef, train_state, rest
+
+
+def new_train_state(params: dict[str, jax.Array], optimizer, seed: int) -> dict[str, Any]:
+    """The checkpointed state of a fresh run."""
+    return {
+        "step": jnp.zeros((), jnp.int32),
+        "params": params,
+        "opt_state": optimizer.init(params),
+        # Raw key data (uint32) rather than a typed key: plain arrays checkpoint anywhere.
+        "rng": jax.random.key_data(jax.random.key(seed)),
+    }
+
+
+def tree_bytes(tree) -> int:
+    return sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree))

@@ -69,10 +69,37 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def cmd_sft(args) -> int:
+    from hone.config import SFTConfig, load_config
+    from hone.recipes.sft import run_sft
+    from hone.train.loop import Interrupted
+    cfg = load_config(SFTConfig, args.config, args.overrides)
+    try:
+        run_sft(cfg)
+    except Interrupted as e:
+        print(f"hone sft: {e}", file=sys.stderr)
+        return 1
+    print(f"done: {cfg.run_dir} (metrics.jsonl, tensorboard/, checkpoints/)")
+    return 0
+
+
+def _add_train_command(sub, name: str, func, what: str) -> None:
+    p = sub.add_parser(name, help=what, description=(
+        f"{what}.\n\nRunning the same command again with the same run_dir resumes from the "
+        f"newest checkpoint.\n\nexamples:\n  hone {name} --config configs/tiny/{name}.yaml\n"
+        f"  hone {name} --config configs/tiny/{name}.yaml train.max_steps=200 train.lr=3e-4"),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=None, help="a YAML config file (see configs/)")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="dotted overrides of config keys, e.g. train.lr=3e-4")
+    p.set_defaults(func=func)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hone", description=(
         "Post-train large language models in JAX.\n\nexamples:\n"
         "  hone demo\n"
+        "  hone sft --config configs/tiny/sft.yaml\n"
         "  hone generate --model smollm2-135m-instruct --chat --prompt 'Hi!'\n"
         "  hone generate --model ./my-hf-folder --prompt 'Once upon a time' --temperature 0.8"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -95,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     gen.set_defaults(func=cmd_generate)
+
+    _add_train_command(sub, "sft", cmd_sft, "Supervised fine-tuning (full, LoRA or QLoRA)")
 
     demo = sub.add_parser("demo", help="talk to the shipped SmolLM2-135M-Instruct",
                           description="Load the real SmolLM2-135M-Instruct shipped on PyPI and "

@@ -1,0 +1,23 @@
+"""Small procedural datasets bundled with hone, by the name `data.path: builtin:NAME` uses.
+
+Each entry of `BUILTIN` builds its records on call (deterministic, no downloads): SFT sets hold
+`messages`, RL sets `prompt` + `answer`, preference sets `prompt` + `chosen` + `rejected`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from hone.datasets import arithmetic as _arithmetic
+from hone.datasets.arithmetic import extract_answer, is_correct
+
+BUILTIN: dict[str, Callable[[], list[dict]]] = {
+    "arithmetic": _arithmetic.arithmetic,
+    "arithmetic-eval": _arithmetic.arithmetic_eval,
+    "arithmetic-rl": _arithmetic.arithmetic_rl,
+    "arithmetic-rl-eval": _arithmetic.arithmetic_rl_eval,
+    "arithmetic-pref": _arithmetic.arithmetic_pref,
+    "arithmetic-pref-eval": _arithmetic.arithmetic_pref_eval,
+}
+
+__all__ = ["BUILTIN", "extract_answer", "is_correct"]

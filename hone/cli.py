@@ -71,6 +71,13 @@ def cmd_sft(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from hone.recipes.export import export_run
+    out = export_run(args.run, args.out, args.format)
+    print(f"exported {args.run} -> {out} ({args.format})")
+    return 0
+
+
 def _add_train_command(sub, name: str, func, what: str) -> None:
     p = sub.add_parser(name, help=what, description=(
         f"{what}.\n\nRunning the same command again with the same run_dir resumes from the "
@@ -112,6 +119,19 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=cmd_generate)
 
     _add_train_command(sub, "sft", cmd_sft, "Supervised fine-tuning (full, LoRA or QLoRA)")
+
+    exp = sub.add_parser("export", help="write a run's trained model as a Hugging Face folder "
+                         "or a PEFT adapter",
+                         description="Export the newest checkpoint of a run.\n\nexamples:\n"
+                         "  hone export --run runs/tiny-sft --out exported/\n"
+                         "  hone export --run runs/smollm2-sft-lora --out adapter/ --format peft",
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    exp.add_argument("--run", required=True, help="the run folder (run_dir of the config)")
+    exp.add_argument("--out", required=True, help="the folder to write")
+    exp.add_argument("--format", default="hf", choices=["hf", "peft"],
+                     help="hf: merged weights transformers loads as-is (default); "
+                     "peft: adapter_config.json + adapter_model.safetensors")
+    exp.set_defaults(func=cmd_export)
 
     demo = sub.add_parser("demo", help="fine-tune the shipped SmolLM2-135M-Instruct and show "
                           "held-out accuracy before and after",

@@ -1,0 +1,53 @@
+"""`hone export` of a LoRA run: the merged Hugging Face folder and the PEFT adapter both
+reproduce the trained model's logits in transformers/peft."""
+
+from pathlib import Path
+
+import numpy as np
+import peft
+import torch
+import transformers
+
+import hone
+from hone.cli import main
+from hone.recipes.export import load_run_model
+
+ROOT = Path(__file__).resolve().parents[2]
+TOL = 1e-4  # fixed; never loosened
+
+
+def test_export_lora_run_as_hf_and_peft(tmp_path):
+    run = tmp_path / "run"
+    assert main(["sft", "--config", str(ROOT / "configs/tiny/sft.yaml"), f"run_dir={run}",
+                 "train.max_steps=10", "model.lora.rank=4", "train.lr=1e-2",
+                 "log.sinks=[jsonl]", "data.eval_path=null"]) == 0
+    trained, tok, _ = load_run_model(run)
+    tokens = np.random.default_rng(0).integers(0, 256, (2, 12)).astype(np.int32)
+    ours = np.asarray(trained(tokens))
+
+    assert main(["export", "--run", str(run), "--out", str(tmp_path / "hf")]) == 0
+    merged = transformers.AutoModelForCausalLM.from_pretrained(
+        str(tmp_path / "hf"), dtype=torch.float32).eval()
+    with torch.no_grad():
+        theirs = merged(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
+    assert np.abs(ours - theirs).max() <= TOL
+    assert transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf")).encode("12 + 7") == \
+        tok.encode("12 + 7")
+
+    base_dir = hone.save_hf(hone.load_model("tiny"), tmp_path / "base")
+    assert main(["export", "--run", str(run), "--out", str(tmp_path / "adapter"),
+                 "--format", "peft"]) == 0
+    base = transformers.AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
+    adapted = peft.PeftModel.from_pretrained(base, str(tmp_path / "adapter")).eval()
+    with torch.no_grad():
+        theirs = adapted(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
+    assert np.abs(ours - theirs).max() <= TOL
+
+
+def test_export_of_a_full_run_refuses_peft(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["sft", "--config", str(ROOT / "configs/tiny/sft.yaml"), f"run_dir={run}",
+                 "train.max_steps=2", "log.sinks=[jsonl]", "data.eval_path=null"]) == 0
+    assert main(["export", "--run", str(run), "--out", str(tmp_path / "a"),
+                 "--format", "peft"]) == 2
+    assert "rank > 0" in capsys.readouterr().err

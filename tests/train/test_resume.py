@@ -79,3 +79,28 @@ def test_killed_run_resumes_exactly(variant, tmp_path):
         assert np.array_equal(np.asarray(a["params"][k]), np.asarray(b["params"][k])), k
     if variant == "lora":
         assert all("lora" in k for k in a["params"])
+
+
+def test_sigterm_saves_then_stops_and_resumes_exactly(tmp_path):
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    subprocess.run(command(straight, []), cwd=ROOT, check=True, capture_output=True)
+    proc = subprocess.Popen(command(stopped, []), cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 240
+        while not (stopped / "metrics.jsonl").exists() or \
+                len((stopped / "metrics.jsonl").read_text().splitlines()) < 30:
+            assert proc.poll() is None and time.time() < deadline
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1 and "checkpoint saved" in err
+    saved = max(int(p.name) for p in (stopped / "checkpoints").iterdir() if p.name.isdigit())
+    last_logged = json.loads((stopped / "metrics.jsonl").read_text().splitlines()[-1])["step"]
+    assert 30 <= saved == last_logged < 300  # saved at the step where the signal stopped it
+    subprocess.run(command(stopped, []), cwd=ROOT, check=True, capture_output=True)
+    assert losses(stopped) == losses(straight)

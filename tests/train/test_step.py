@@ -85,3 +85,19 @@ def test_schedule_shapes():
     assert float(s(10)) == pytest.approx(0.1)
     lin = learning_rate_schedule(lr=1.0, schedule="linear", warmup_steps=0, max_steps=4)
     assert [float(lin(i)) for i in range(5)] == pytest.approx([1.0, 0.75, 0.5, 0.25, 0.0])
+
+
+@pytest.mark.parametrize("policy", ["full", "save_dots", "offload"])
+def test_remat_policies_give_identical_gradients(policy):
+    model = hone.load_model("tiny")
+    b = batch()
+
+    def loss(m):
+        return sft_loss(m(b["tokens"], attention_mask=b["attention_mask"]), b["targets"],
+                        b["loss_mask"])[0]
+
+    plain = nnx.grad(loss)(model)
+    model.remat = policy
+    rematted = nnx.grad(loss)(model)
+    for a, c in zip(jax.tree.leaves(plain), jax.tree.leaves(rematted)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(c))

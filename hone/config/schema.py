@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from hone.config.loader import check_fields
+from hone.config.fields import check_fields
 from hone.errors import InputError
 
 

@@ -15,89 +15,26 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.metadata as md
-import json
-import os
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import _driver  # noqa: E402
 import _venvs  # noqa: E402
 
-RESULTS = HERE / "RESULTS.md"
+RESULTS = _driver.RESULTS
 IMPLS = ("hone", "tunix", "torch")
 BUSY: list[float] = []  # cores busy with other work, sampled before each process
 GOAL = 2.0  # hone's greedy decode at least 2x Tunix's tokens per second
-HEADER = """# Benchmark results
-
-Measured on the development machine: 2 CPU cores, about 24 GiB of memory, no accelerator.
-Unless a section says otherwise, every implementation runs the same model shape (SmolLM2-135M:
-30 layers, width 576, FFN 1536, 9 heads / 3 KV heads, head dim 64, vocab 49152, tied embeddings),
-random init, fp32.
-Numbers on a shared 2-core machine are noisy (about 10%); compare ratios within one run.
-
-Rerun (each section is rewritten by its own script):
-
-    .venv/bin/python benchmarks/decode.py --write
-"""
-
-
-def python_for(impl: str) -> str:
-    return str(_venvs.tunix_python()) if impl == "tunix" else sys.executable
-
-
-def cpu_busy(seconds: float = 2.0) -> float:
-    """How many cores were busy (all processes on the machine) over a short sample."""
-    def read():
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-        return sum(v), v[3] + v[4]  # total, idle + iowait
-    try:
-        t0, i0 = read()
-        time.sleep(seconds)
-        t1, i1 = read()
-    except OSError:
-        return float("nan")
-    return (os.cpu_count() or 1) * (1 - (i1 - i0) / max(t1 - t0, 1))
 
 
 def run_one(impl: str, args) -> list[dict]:
-    cmd = [python_for(impl), str(HERE / f"decode_{impl}.py"), "--batches", args.batches,
+    cmd = [_driver.python_for(impl), str(HERE / f"decode_{impl}.py"), "--batches", args.batches,
            "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens),
            "--repeats", str(args.repeats)]
-    busy = cpu_busy()
-    BUSY.append(busy)
-    print(f"  (cores busy with other work just before start: {busy:.2f} of {os.cpu_count()})",
-          flush=True)
-    t0 = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-    if r.returncode != 0:
-        sys.stderr.write(r.stderr[-4000:])
-        raise SystemExit(f"{impl} failed with exit code {r.returncode}")
-    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
-    for row in rows:
-        print(f"  {json.dumps(row)}", flush=True)
-    print(f"  ({impl}: {time.perf_counter() - t0:.0f} s in all)", flush=True)
-    return rows
-
-
-def versions() -> dict:
-    out = {}
-    for pkg in ("jax", "flax", "torch", "transformers"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            out[pkg] = "?"
-    code = ("import importlib.metadata as m; "
-            "print(m.version('google-tunix'), m.version('jax'), m.version('flax'))")
-    r = subprocess.run([str(_venvs.tunix_python()), "-c", code], capture_output=True, text=True)
-    tunix = r.stdout.split() if r.returncode == 0 else ["?", "?", "?"]
-    out["tunix"] = f"{tunix[0]} (jax {tunix[1]}, flax {tunix[2]})"
-    return out
+    return _driver.run_json(impl, cmd, timeout=args.timeout, busy=BUSY)
 
 
 def bullets(vers: dict) -> list[tuple[str, str]]:
@@ -161,22 +98,6 @@ def goal_lines(summary, batches) -> list[str]:
     return out
 
 
-def write_section(section: str, path: Path = RESULTS) -> None:
-    text = path.read_text() if path.exists() else HEADER
-    lines = text.splitlines()
-    start = next((i for i, l in enumerate(lines) if l.strip() == "## Decode"), None)
-    if start is None:
-        new = text.rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n"
-    else:
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")),
-                   len(lines))
-        kept_after = "\n".join(lines[end:])
-        new = "\n".join(lines[:start]).rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n"
-        if kept_after:
-            new += "\n" + kept_after + "\n"
-    path.write_text(new)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2)
@@ -204,7 +125,7 @@ def main():
             rows += run_one(impl, args)
 
     summary = summarize(rows, impls, batches, args.new_tokens)
-    vers = versions()
+    vers = _driver.versions()
     settings = (f"greedy decode of {args.new_tokens} new tokens from {args.prompt_len}-token "
                 f"random prompts (all one length, no EOS), fp32; median over {args.rounds} "
                 f"round(s) of each process's median of {args.repeats} timed call(s) after one "
@@ -215,15 +136,13 @@ def main():
         f"--rounds {args.rounds} --repeats {args.repeats}`: {settings}", "",
         *[line for impl, line in bullets(vers) if impl in impls], "",
         table(summary, impls, batches), "",
-        f"Cores busy with other work just before each process: {min(BUSY):.2f} to "
-        f"{max(BUSY):.2f} of {os.cpu_count()} (near 0 on a quiet machine; more means the "
-        "numbers were taken while other work competed for the cores).",
+        _driver.busy_line(BUSY),
         "",
         *goal_lines(summary, batches), ""])
     print()
     print(section)
     if args.write:
-        write_section(section)
+        _driver.write_section("Decode", section)
         print(f"wrote the Decode section of {RESULTS}")
 
 

@@ -1,0 +1,125 @@
+"""Training steps with hone's own train step (the one `hone sft` builds), SmolLM2-135M shape.
+
+Model: `hone.load_model("smollm2-135m")`: random init, fp32. Rows:
+- sft: full fine-tuning, every `nnx.Param` trainable.
+- lora: `apply_lora(rank 16, alpha 32)` on attn q/k/v/o and mlp gate/up/down, base frozen,
+  trainable filter `LoRAParam`.
+The step is exactly what hone/recipes/sft.py wires: `split_model`, `build_optimizer` (AdamW,
+constant lr, global-norm clipping at 1.0), `new_train_state(flatten(params))` and
+`make_train_step(..., sft_step_loss, target_tokens, accum=1, precision=...)`: one jitted,
+state-donating function doing forward, masked next-token loss, gradients, clipping and the AdamW
+update.
+
+Batch: B rows of T random token ids (all real tokens, one document per row) with their random
+next tokens as targets, loss on all B*T tokens; the same batch every step. Timed per step:
+`state, metrics = step(state, frozen, batch); jax.block_until_ready(metrics)` (wall clock).
+The first step (trace + compile + run) is reported alone as first_s; median_s is the median of
+the next --repeats steps. peak_rss_mb is the process's peak resident set so far (run one row per
+process for a per-row figure, as train.py does). Prints one JSON line per row.
+
+    .venv/bin/python benchmarks/train_hone.py --repeats 5
+    .venv/bin/python benchmarks/train_hone.py --rows sft --precision bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import time
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+import hone
+from hone.models.lora import LoRAParam, apply_lora
+from hone.recipes.sft import sft_step_loss, target_tokens
+from hone.train.optimizer import build_optimizer
+from hone.train.state import flatten, new_train_state, split_model
+from hone.train.step import make_train_step
+
+LORA_TARGETS = r".*/(attn/(q|k|v|o)|mlp/(gate|up|down))"
+# The same AdamW settings in all three implementations.
+OPTIM = SimpleNamespace(lr=1e-4, schedule="constant", warmup_steps=0, max_steps=1000,
+                        min_lr_ratio=0.0, max_grad_norm=1.0, b1=0.9, b2=0.999, eps=1e-8,
+                        weight_decay=0.01)
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def make_batch(rng: np.random.Generator, b: int, t: int, vocab: int) -> dict:
+    ids = rng.integers(3, vocab, size=(b, t + 1))
+    ones = np.ones((b, t), np.int32)
+    batch = {
+        "tokens": ids[:, :-1].astype(np.int32),
+        "targets": ids[:, 1:].astype(np.int32),
+        "loss_mask": np.ones((b, t), np.float32),
+        "attention_mask": ones,
+        "positions": np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy(),
+        "segment_ids": ones,
+    }
+    return {k: jnp.asarray(v) for k, v in batch.items()}
+
+
+def run_row(row: str, args) -> dict:
+    model = hone.load_model("smollm2-135m", seed=args.seed)
+    dtypes = {x.dtype for x in jax.tree.leaves(nnx.state(model, nnx.Param))}
+    assert dtypes == {jnp.dtype(jnp.float32)}, dtypes
+    trainable = nnx.Param
+    if row == "lora":
+        apply_lora(model, rank=16, alpha=32.0, targets=LORA_TARGETS, rngs=nnx.Rngs(args.seed))
+        trainable = LoRAParam
+    graphdef, params, frozen = split_model(model, trainable)
+    flat = flatten(params)
+    if row == "lora":
+        assert all("lora_" in k for k in flat) and len(flat) == 2 * 7 * model.config.num_layers
+    optimizer, schedule = build_optimizer(OPTIM)
+    state = new_train_state(flat, optimizer, args.seed)
+    step = make_train_step(graphdef, params, sft_step_loss, target_tokens, optimizer, schedule,
+                           accum=1, precision=args.precision)
+    batch = make_batch(np.random.default_rng(args.seed), args.batch, args.seq_len,
+                       model.config.vocab_size)
+    del model, params, flat
+
+    def one():
+        nonlocal state
+        t0 = time.perf_counter()
+        state, metrics = step(state, frozen, batch)
+        jax.block_until_ready(metrics)
+        dt = time.perf_counter() - t0
+        loss = float(metrics["loss"])
+        assert np.isfinite(loss), loss
+        return dt, loss
+
+    first, loss0 = one()
+    times = [one()[0] for _ in range(max(1, args.repeats))]
+    med = statistics.median(times)
+    name = row if args.precision == "fp32" else f"{row}-{args.precision}"
+    return {"impl": "hone", "row": name, "first_s": round(first, 4), "median_s": round(med, 4),
+            "tokens_per_s": round(args.batch * args.seq_len / med, 2),
+            "peak_rss_mb": round(peak_rss_mb(), 1), "first_loss": round(loss0, 4)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="sft,lora")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    for row in [r.strip() for r in args.rows.split(",") if r.strip()]:
+        if row not in ("sft", "lora"):
+            ap.error(f"unknown row {row!r}; choose from sft, lora")
+        print(json.dumps(run_row(row, args)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""Training steps with Tunix's PeftTrainer (run with the Tunix venv, see _venvs.py).
+
+Model: tunix.models.llama3.model.Llama3 with the SmolLM2-135M shape, random init, fp32 (Tunix's
+Llama3 initialises MLP kernels to zero; a dense matmul costs the same either way). Rows:
+- sft: full fine-tuning (PeftTrainer's optimizer over every nnx.Param).
+- lora: qwix `apply_lora_to_model(model, LoraProvider(module_path=..., rank=16, alpha=32),
+  **model.get_model_input(), rngs=...)` on attn q/k/v/o_proj and mlp gate/up/down_proj, the way
+  tunix/cli/utils/model.py applies it; PeftTrainer then trains only nnx.LoRAParam.
+Trainer: `tunix.sft.peft_trainer.PeftTrainer(model, optax.chain(clip_by_global_norm(1.0),
+adamw(...)), TrainingConfig(...))` with the gen_model_input_fn of tunix/cli/peft_main.py
+(positions and causal mask from the pad mask) and Tunix's default loss (next-token NLL, which
+scores T-1 targets per row of T tokens).
+
+What is timed: the trainer's own jitted step, obtained the way `PeftTrainer.train()` obtains it
+(`jit_train_and_eval_step(cache_nnx_graph=True)`: nnx.jit of `_train_step` with the optimizer
+donated, model and optimizer bound by nnx.cached_partial), called on the batch after the
+trainer's `_prepare_inputs` and `shard_input`: `loss, aux, grad_norm = train_step(example);
+jax.block_until_ready((loss, grad_norm))` (wall clock). This is the body of train()'s loop
+without its Python bookkeeping (metrics buffering, progress bar, no-op checkpointing) and without
+its overlap of one step's dispatch with the previous step's work (max_inflight_computations=2),
+which a per-step wall-clock time cannot show. First step (trace + compile + run) is first_s;
+median_s is the median of the next --repeats steps. Batch: B rows of T random ids, all real
+tokens, the same batch every step. Prints one JSON line per row.
+
+    benchmarks/.venvs/tunix/bin/python benchmarks/train_tunix.py --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import qwix
+from flax import nnx
+from tunix.models.llama3 import model as llama3_lib
+from tunix.sft import peft_trainer
+from tunix.sft import sharding_utils
+from tunix.sft import utils as sft_utils
+
+LORA_MODULES = r".*/(attn/(q|k|v|o)_proj|mlp/(gate|up|down)_proj)"
+
+
+def smollm2_135m_config() -> llama3_lib.ModelConfig:
+    return llama3_lib.ModelConfig(
+        num_layers=30, vocab_size=49152, embed_dim=576, hidden_dim=1536, num_heads=9,
+        head_dim=64, num_kv_heads=3, rope_theta=100_000, norm_eps=1e-5, weight_tying=True,
+        shd_config=llama3_lib.ShardingConfig.get_default_sharding())
+
+
+def gen_model_input_fn(x: peft_trainer.TrainingInput) -> dict:
+    """As in tunix/cli/peft_main.py (token id 0 is padding; the batch has none)."""
+    pad_mask = x.input_tokens != 0
+    return {"input_tokens": x.input_tokens, "input_mask": x.input_mask,
+            "positions": sft_utils.build_positions_from_mask(pad_mask),
+            "attention_mask": sft_utils.make_causal_attn_mask(pad_mask)}
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def run_row(row: str, args) -> dict:
+    cfg = smollm2_135m_config()
+    model = llama3_lib.Llama3(cfg, rngs=nnx.Rngs(args.seed))
+    dtypes = {x.dtype for x in jax.tree.leaves(nnx.state(model, nnx.Param))}
+    assert dtypes == {jnp.dtype(jnp.float32)}, dtypes
+    if row == "lora":
+        provider = qwix.LoraProvider(module_path=LORA_MODULES, rank=16, alpha=32.0)
+        model = qwix.apply_lora_to_model(model, provider, **model.get_model_input(),
+                                         rngs=nnx.Rngs(args.seed))
+        n = len(jax.tree.leaves(nnx.state(model, nnx.LoRAParam)))
+        assert n == 2 * 7 * cfg.num_layers, f"{n} LoRA arrays"
+    optimizer = optax.chain(
+        optax.clip_by_global_norm(1.0),
+        optax.adamw(1e-4, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01))
+    config = peft_trainer.TrainingConfig(eval_every_n_steps=10**9,
+                                         max_steps=args.repeats + 1)
+    trainer = peft_trainer.PeftTrainer(model, optimizer, config)
+    trainer = trainer.with_gen_model_input_fn(gen_model_input_fn)
+    assert trainer._lora_enabled == (row == "lora")
+    train_step, _ = trainer.jit_train_and_eval_step(cache_nnx_graph=True)
+
+    rng = np.random.default_rng(args.seed)
+    ids = rng.integers(1, cfg.vocab_size, size=(args.batch, args.seq_len)).astype(np.int32)
+    example = peft_trainer.TrainingInput(input_tokens=jnp.asarray(ids),
+                                         input_mask=jnp.ones(ids.shape, jnp.bool_))
+    example = trainer._prepare_inputs(example)
+    example = sharding_utils.shard_input(example, config.data_sharding_axis)
+
+    def one():
+        t0 = time.perf_counter()
+        loss, _, grad_norm = train_step(example)
+        jax.block_until_ready((loss, grad_norm))
+        dt = time.perf_counter() - t0
+        loss = float(loss)
+        assert np.isfinite(loss), loss
+        return dt, loss
+
+    first, loss0 = one()
+    times = [one()[0] for _ in range(max(1, args.repeats))]
+    med = statistics.median(times)
+    return {"impl": "tunix", "row": row, "first_s": round(first, 4), "median_s": round(med, 4),
+            "tokens_per_s": round(args.batch * args.seq_len / med, 2),
+            "peak_rss_mb": round(peak_rss_mb(), 1), "first_loss": round(loss0, 4)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="sft,lora")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    for row in [r.strip() for r in args.rows.split(",") if r.strip()]:
+        if row not in ("sft", "lora"):
+            ap.error(f"unknown row {row!r}; choose from sft, lora")
+        print(json.dumps(run_row(row, args)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -57,17 +57,23 @@ def cmd_demo(args) -> int:
     return 0
 
 
-def cmd_sft(args) -> int:
-    from hone.config import SFTConfig, load_config
-    from hone.recipes.sft import run_sft
+def cmd_train(args) -> int:
+    """sft, dpo, reward: load the command's config class and run its recipe."""
+    from hone.config import COMMANDS, load_config
     from hone.train.loop import Interrupted
-    cfg = load_config(SFTConfig, args.config, args.overrides)
+    cfg = load_config(COMMANDS[args.command], args.config, args.overrides)
+    if args.command == "sft":
+        from hone.recipes.sft import run_sft as run
+    elif args.command == "dpo":
+        from hone.recipes.dpo import run_dpo as run
+    else:
+        from hone.recipes.reward import run_reward as run
     try:
-        run_sft(cfg)
+        run(cfg)
     except Interrupted as e:
-        print(f"hone sft: {e}", file=sys.stderr)
+        print(f"hone {args.command}: {e}", file=sys.stderr)
         return 1
-    print(f"done: {cfg.run_dir} (metrics.jsonl, tensorboard/, checkpoints/)")
+    print(f"done: {cfg.run_dir} (metrics.jsonl, checkpoints/, config.yaml)")
     return 0
 
 
@@ -118,7 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     gen.set_defaults(func=cmd_generate)
 
-    _add_train_command(sub, "sft", cmd_sft, "Supervised fine-tuning (full, LoRA or QLoRA)")
+    _add_train_command(sub, "sft", cmd_train, "Supervised fine-tuning (full, LoRA or QLoRA)")
+    _add_train_command(sub, "dpo", cmd_train,
+                       "Preference tuning: DPO, IPO, hinge, robust DPO, SimPO or ORPO")
+    _add_train_command(sub, "reward", cmd_train, "A reward model trained on preference pairs")
 
     exp = sub.add_parser("export", help="write a run's trained model as a Hugging Face folder "
                          "or a PEFT adapter",

@@ -2,10 +2,15 @@
 
 from hone.config.fields import check_fields
 from hone.config.loader import load_config
-from hone.config.schema import (CheckpointSection, DataSection, LogSection, LoraSection,
-                                MeshSection, ModelSection, SFTConfig, TrainConfig, TrainSection)
+from hone.config.schema import (CheckpointSection, DataSection, DPOConfig, DPOSection, LogSection,
+                                LoraSection, MeshSection, ModelSection, RewardConfig,
+                                RewardSection, SFTConfig, TrainConfig, TrainSection)
 from hone.config.yaml_io import dump_yaml, to_dict
 
-__all__ = ["CheckpointSection", "DataSection", "LogSection", "LoraSection", "MeshSection",
-           "ModelSection", "SFTConfig", "TrainConfig", "TrainSection", "check_fields",
+# The config class of each training command (also used to read a run folder's config.yaml).
+COMMANDS = {"sft": SFTConfig, "dpo": DPOConfig, "reward": RewardConfig}
+
+__all__ = ["COMMANDS", "CheckpointSection", "DataSection", "DPOConfig", "DPOSection",
+           "LogSection", "LoraSection", "MeshSection", "ModelSection", "RewardConfig",
+           "RewardSection", "SFTConfig", "TrainConfig", "TrainSection", "check_fields",
            "dump_yaml", "load_config", "to_dict"]

@@ -25,7 +25,7 @@ Design choices:
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import grain
 import numpy as np
@@ -50,20 +50,11 @@ class SFTData:
                  records: list[dict] | None = None):
         """Read `path` (or use `records`, with `path` naming them in messages) and build rows."""
         check_options(format=format, loss_on=loss_on, max_length=max_length, overlong=overlong)
-        self.batch_size = _check_batch_size(batch_size)
+        self.batch_size = check_batch_size(batch_size)
         self.seed = int(seed)
         self.path = path = str(path)
         self.pack = pack
-        if records is None:
-            records = read_records(path, max_records)
-        elif max_records is not None:
-            records = records[:max_records]
-        if not records:
-            raise InputError("holds no records", path=path)
-        for index, record in enumerate(records):
-            if not isinstance(record, dict):
-                raise InputError(f"record {index}: expected an object, got {type(record).__name__}",
-                                 path=path)
+        records = load_records(path, records, max_records)
         # One format for the whole file, from its first record: a later record missing a field
         # is then reported as exactly that, not as "some other format".
         self.format = detect_format(records[0], path, 0) if format == "auto" else format
@@ -101,7 +92,7 @@ class SFTData:
 
     def num_batches(self, batch_size: int | None = None) -> int:
         """How many batches `batches()` yields: ceil(num_rows / batch_size)."""
-        batch_size = self.batch_size if batch_size is None else _check_batch_size(batch_size)
+        batch_size = self.batch_size if batch_size is None else check_batch_size(batch_size)
         return math.ceil(self.num_rows / batch_size)
 
     def batches(self, batch_size: int | None = None,
@@ -112,14 +103,8 @@ class SFTData:
         count = self.num_batches(batch_size)
         if max_batches is not None:
             count = min(count, max_batches)
-        for k in range(count):
-            batch = {key: value[k * batch_size:(k + 1) * batch_size]
-                     for key, value in self.rows.items()}
-            short = batch_size - len(batch["tokens"])
-            if short:
-                filler = empty_rows(short, self.max_length, self.pad_id)
-                batch = {key: np.concatenate([batch[key], filler[key]]) for key in batch}
-            yield batch
+        return ordered_batches(self.rows, batch_size, count,
+                               lambda n: empty_rows(n, self.max_length, self.pad_id))
 
 
 class TrainIterator:
@@ -127,11 +112,15 @@ class TrainIterator:
 
     `next()` -> batch; `get_state()` -> JSON-safe dict; `set_state(state)` continues exactly there.
     The underlying Grain iterator is `grain_iterator` (for `grain.checkpoint` handlers).
+    `rows` may hold any arrays with one leading item axis (item i is `{key: value[i]}`), and
+    `transform`, if given, reshapes each stacked batch (it holds no state, so resuming is unchanged).
     """
 
-    def __init__(self, rows: dict[str, np.ndarray], batch_size: int, seed: int):
-        self.batch_size = _check_batch_size(batch_size)
+    def __init__(self, rows: dict[str, np.ndarray], batch_size: int, seed: int,
+                 transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None):
+        self.batch_size = check_batch_size(batch_size)
         self.seed = int(seed)
+        self.transform = transform
         self.num_rows = len(rows["tokens"])
         dataset = (grain.MapDataset.source(_Rows(rows)).shuffle(seed=self.seed).repeat(None)
                    .batch(self.batch_size, drop_remainder=True))
@@ -142,7 +131,8 @@ class TrainIterator:
             grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)))
 
     def next(self) -> dict[str, np.ndarray]:
-        return next(self.grain_iterator)
+        batch = next(self.grain_iterator)
+        return batch if self.transform is None else self.transform(batch)
 
     __next__ = next
 
@@ -177,7 +167,38 @@ class _Rows:
         return {key: value[index] for key, value in self._rows.items()}
 
 
-def _check_batch_size(batch_size: int) -> int:
+def load_records(path: str, records: list[dict] | None,
+                 max_records: int | None) -> list[dict]:
+    """The records at `path` (or the given `records`), at most `max_records`, checked to be a
+    non-empty list of dicts (else an InputError naming `path`)."""
+    if records is None:
+        records = read_records(path, max_records)
+    elif max_records is not None:
+        records = records[:max_records]
+    if not records:
+        raise InputError("holds no records", path=path)
+    for index, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise InputError(f"record {index}: expected an object, got {type(record).__name__}",
+                             path=path)
+    return records
+
+
+def ordered_batches(rows: dict[str, np.ndarray], batch_size: int, count: int,
+                    filler: Callable[[int], dict[str, np.ndarray]],
+                    ) -> Iterator[dict[str, np.ndarray]]:
+    """The first `count` batches of `rows` in order, unshuffled; a short last batch is completed
+    with `filler(missing)` (padding items that carry no loss), so shapes stay static."""
+    for k in range(count):
+        batch = {key: value[k * batch_size:(k + 1) * batch_size] for key, value in rows.items()}
+        short = batch_size - len(batch["tokens"])
+        if short:
+            padding = filler(short)
+            batch = {key: np.concatenate([batch[key], padding[key]]) for key in batch}
+        yield batch
+
+
+def check_batch_size(batch_size: int) -> int:
     if not isinstance(batch_size, int) or batch_size < 1:
         raise InputError(f"must be a positive integer, got {batch_size!r}", key="train.batch_size")
     return batch_size

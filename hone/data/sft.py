@@ -111,19 +111,21 @@ def tokenize_sft(record: dict, tokenizer, *, format: str = "auto", loss_on: str 
                  index: int = 0, stats: Stats | None = None) -> Example | None:
     """Tokens and loss mask of one record, or None when a policy skips it (counted in `stats`)."""
     stats = Stats() if stats is None else stats
-    where = _Where(path, index)
+    where = Where(path, index)
     if format == "auto":
         format = detect_format(record, path, index)
     if format == "messages":
-        messages = _messages(where.field(record, "messages"), where, "messages")
-        ids, mask = _chat(messages, tokenizer, loss_on, where)
+        messages = parse_messages(where.field(record, "messages"), where, "messages")
+        ids, mask = chat_tokens(messages, tokenizer, loss_on, where)
     elif format == "prompt_completion":
         prompt, completion = where.field(record, "prompt"), where.field(record, "completion")
         if isinstance(prompt, list):  # conversational prompt-completion
-            ids, mask = _chat(_as_conversation(prompt, completion, where), tokenizer, loss_on, where)
+            ids, mask = chat_tokens(_as_conversation(prompt, completion, where), tokenizer,
+                                    loss_on, where)
         else:
-            ids, mask = _prompt_completion(where.string(prompt, "prompt"),
-                                           where.string(completion, "completion"), tokenizer, loss_on)
+            ids, mask = prompt_completion_tokens(where.string(prompt, "prompt"),
+                                                 where.string(completion, "completion"),
+                                                 tokenizer, loss_on)
     elif format == "text":
         text = where.string(where.field(record, "text"), "text")
         ids = None if not text.strip() else encode_prompt(tokenizer, text) + [tokenizer.eos_id]
@@ -154,7 +156,8 @@ def tokenize_sft(record: dict, tokenizer, *, format: str = "auto", loss_on: str 
 
 # ---- formats ---------------------------------------------------------------------------------
 
-def _prompt_completion(prompt: str, completion: str, tokenizer, loss_on: str):
+def prompt_completion_tokens(prompt: str, completion: str, tokenizer, loss_on: str):
+    """Raw prompt ids then completion ids + EOS, and target flags; (None, None) if it is empty."""
     if not completion.strip():
         return None, None
     prompt_ids = encode_prompt(tokenizer, prompt)
@@ -164,8 +167,14 @@ def _prompt_completion(prompt: str, completion: str, tokenizer, loss_on: str):
     return prompt_ids + completion_ids, mask
 
 
-def _chat(messages: list[dict], tokenizer, loss_on: str, where: _Where):
+def chat_tokens(messages: list[dict], tokenizer, loss_on: str, where: Where,
+                last_only: bool = False):
+    """Token ids and target flags of a conversation (the boundary policy of the module docstring),
+    or (None, None) when an assistant content is empty or there is none; `last_only` trains only
+    the final assistant message (the earlier ones are context, as in a preference prompt)."""
     assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if last_only:
+        assistant = assistant[-1:]
     if any(not messages[i]["content"].strip() for i in assistant):
         return None, None
     full = where.render(tokenizer, messages, False)
@@ -220,14 +229,15 @@ def _chat(messages: list[dict], tokenizer, loss_on: str, where: _Where):
     return ids, mask
 
 
-def _as_conversation(prompt: list, completion: Any, where: _Where) -> list[dict]:
-    messages = _messages(prompt, where, "prompt")
+def _as_conversation(prompt: list, completion: Any, where: Where) -> list[dict]:
+    messages = parse_messages(prompt, where, "prompt")
     if isinstance(completion, str):
         return messages + [{"role": "assistant", "content": completion}]
-    return messages + _messages(completion, where, "completion")
+    return messages + parse_messages(completion, where, "completion")
 
 
-def _messages(value: Any, where: _Where, name: str) -> list[dict]:
+def parse_messages(value: Any, where: Where, name: str) -> list[dict]:
+    """`value` checked to be a non-empty list of {role, content} messages (errors name `name`)."""
     if not isinstance(value, list) or not value:
         raise where.error(name, f"must be a non-empty list of messages, got {_kind(value)}")
     out = []
@@ -249,7 +259,7 @@ def _kind(value: Any) -> str:
 
 
 @dataclass(frozen=True)
-class _Where:
+class Where:
     """The file and record a problem is in; builds InputErrors that name them and the field."""
     path: str
     index: int

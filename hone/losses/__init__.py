@@ -1,6 +1,8 @@
 """Losses: pure functions of arrays returning (loss, metrics). They never see a model or config."""
 
 from hone.losses.common import masked_mean, token_logprobs
+from hone.losses.preference import dpo_loss, orpo_loss, reward_loss, sequence_logprobs, simpo_loss
 from hone.losses.sft import sft_loss
 
-__all__ = ["masked_mean", "sft_loss", "token_logprobs"]
+__all__ = ["dpo_loss", "masked_mean", "orpo_loss", "reward_loss", "sequence_logprobs", "sft_loss",
+           "simpo_loss", "token_logprobs"]

@@ -14,17 +14,23 @@ from hone.errors import InputError
 
 def load_run_model(run_dir: str | Path):
     """(trained model, tokenizer, config) from a run folder."""
+    import yaml
+    from flax import nnx
+
     from hone.checkpoint import Checkpointer
-    from hone.config import SFTConfig, load_config
+    from hone.config import COMMANDS, load_config
     from hone.models.loading import load_tokenizer
+    from hone.recipes.reward import build_reward_model
     from hone.recipes.sft import build_model
     from hone.train.state import split_model, unflatten
-    from flax import nnx
 
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").exists():
         raise InputError("not a run folder (no config.yaml)", path=str(run_dir))
-    cfg = load_config(SFTConfig, str(run_dir / "config.yaml"))
+    # The command's own section (dpo:, reward:) tells which config class wrote the file.
+    sections = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    command = next((c for c in ("dpo", "reward") if c in sections), "sft")
+    cfg = load_config(COMMANDS[command], str(run_dir / "config.yaml"))
     ckpt = Checkpointer(run_dir / "checkpoints", keep=cfg.checkpoint.keep, async_save=False)
     try:
         if ckpt.latest_step() is None:
@@ -32,7 +38,7 @@ def load_run_model(run_dir: str | Path):
         state, _ = ckpt.read()
     finally:
         ckpt.close()
-    model, trainable = build_model(cfg)
+    model, trainable = (build_reward_model if command == "reward" else build_model)(cfg)
     graphdef, params, frozen = split_model(model, trainable)
     model = nnx.merge(graphdef, unflatten(params, state["params"]), frozen)
     return model, load_tokenizer(cfg.model.source), cfg
@@ -42,9 +48,17 @@ def export_run(run_dir: str | Path, out_dir: str | Path, fmt: str = "hf") -> Pat
     from hone.models.hf import save_hf
     from hone.models.lora import lora_modules, merge_lora
     from hone.models.peft import save_peft
+    from hone.models.reward import RewardModel, save_reward_model
 
     model, tokenizer, cfg = load_run_model(run_dir)
     has_adapters = bool(lora_modules(model))
+    if isinstance(model, RewardModel):
+        if fmt != "hf":
+            raise InputError("a reward model exports as a Hugging Face sequence-classification "
+                             "folder only; use --format hf", key="--format")
+        if has_adapters:
+            model.backbone = merge_lora(model.backbone)
+        return save_reward_model(model, out_dir, tokenizer)
     if fmt == "hf":
         return save_hf(merge_lora(model) if has_adapters else model, out_dir, tokenizer)
     if fmt == "peft":

@@ -22,7 +22,7 @@ from hone.train.state import flatten, new_train_state, split_model, unflatten
 from hone.train.step import make_eval_step, make_train_step
 
 
-def sft_step_loss(model, mb, normalizer, key):
+def sft_step_loss(model, mb, normalizer, key, aux=None):
     """Masked next-token NLL of one micro-batch (packed rows attend within their documents)."""
     logits = model(mb["tokens"], positions=mb["positions"], attention_mask=mb["attention_mask"],
                    segment_ids=mb["segment_ids"])

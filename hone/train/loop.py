@@ -28,10 +28,11 @@ class Interrupted(Exception):
 class LoopSpec:
     """What a recipe hands the loop. Functions are jitted already."""
 
-    train_step: Callable  # (state, frozen, batch) -> (state, metrics)
+    train_step: Callable  # (state, frozen, batch, aux) -> (state, metrics)
     state: dict[str, Any]  # a fresh train state (structure for restoring, too)
     frozen: Any  # the non-trainable part of the model
     data: Any  # iterator: next() -> batch, get_state() -> dict, set_state(dict)
+    aux: Any = None  # other arrays the loss reads (a frozen reference model's weights)
     eval_fn: Callable[[dict], dict] | None = None  # params -> {"eval_loss": ..., ...}
     tokens_per_batch: Callable[[dict], int] = lambda batch: 0
     flops_per_token: float = 0.0  # model FLOPs per trained token (for MFU)
@@ -88,7 +89,7 @@ def run_loop(spec: LoopSpec, cfg, run_dir: Path) -> dict[str, Any]:
             step = start
             while step < train.max_steps:
                 batch = spec.data.next()
-                state, metrics = spec.train_step(state, spec.frozen, batch)
+                state, metrics = spec.train_step(state, spec.frozen, batch, spec.aux)
                 step += 1
                 window_tokens += spec.tokens_per_batch(batch)
                 row: dict[str, Any] = {}

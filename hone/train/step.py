@@ -21,9 +21,11 @@ from flax import nnx
 
 from hone.train.state import unflatten
 
-# loss_fn(model, micro_batch, normalizer, rng_key) -> (loss, metrics): metrics are sums over
-# the micro-batch (e.g. "target_tokens"), so they add up across micro-batches.
-LossFn = Callable[[nnx.Module, dict, jax.Array, jax.Array], tuple[jax.Array, dict]]
+# loss_fn(model, micro_batch, normalizer, rng_key, aux) -> (loss, metrics): metrics are sums
+# over the micro-batch (e.g. "target_tokens"), so they add up across micro-batches. `aux` is any
+# other pytree the loss reads but never trains (a frozen reference model's weights), passed to
+# the jitted step as an argument so it is never baked into the program as a constant.
+LossFn = Callable[[nnx.Module, dict, jax.Array, jax.Array, Any], tuple[jax.Array, dict]]
 # normalizer_fn(batch) -> scalar the summed loss of the whole batch is divided by.
 NormalizerFn = Callable[[dict], jax.Array]
 
@@ -56,16 +58,17 @@ def merge(graphdef, template, params, frozen, precision: str, dropout_key=None):
 def make_train_step(graphdef, template, loss_fn: LossFn, normalizer_fn: NormalizerFn,
                     optimizer: optax.GradientTransformation, schedule: optax.Schedule, *,
                     accum: int, precision: str = "fp32"):
-    """A jitted `step(state, frozen, batch) -> (state, metrics)`; batch leaves are [B, ...]."""
+    """A jitted `step(state, frozen, batch, aux=None) -> (state, metrics)`; batch leaves are
+    [B, ...]."""
 
-    def micro(params, frozen, mb, normalizer, key):
+    def micro(params, frozen, mb, normalizer, key, aux):
         model = merge(graphdef, template, params, frozen, precision,
                       dropout_key=jax.random.fold_in(key, 1))
-        return loss_fn(model, mb, normalizer, key)
+        return loss_fn(model, mb, normalizer, key, aux)
 
     grad_fn = jax.value_and_grad(micro, has_aux=True)
 
-    def step(state: dict[str, Any], frozen, batch: dict) -> tuple[dict[str, Any], dict]:
+    def step(state: dict[str, Any], frozen, batch: dict, aux=None) -> tuple[dict[str, Any], dict]:
         params = state["params"]
         normalizer = normalizer_fn(batch)
         key = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
@@ -73,24 +76,25 @@ def make_train_step(graphdef, template, loss_fn: LossFn, normalizer_fn: Normaliz
                            batch)
         if accum == 1:
             first = jax.tree.map(lambda x: x[0], mbs)
-            (loss, aux), grads = grad_fn(params, frozen, first, normalizer,
-                                         jax.random.fold_in(key, 0))
+            (loss, sums), grads = grad_fn(params, frozen, first, normalizer,
+                                          jax.random.fold_in(key, 0), aux)
         else:
             def body(carry, xs):
                 mb, i = xs
-                (l, m), g = grad_fn(params, frozen, mb, normalizer, jax.random.fold_in(key, i))
+                (l, m), g = grad_fn(params, frozen, mb, normalizer, jax.random.fold_in(key, i),
+                                    aux)
                 return jax.tree.map(jnp.add, carry, (g, l, m)), None
 
             first = jax.tree.map(lambda x: x[0], mbs)
-            shapes = jax.eval_shape(grad_fn, params, frozen, first, normalizer, key)
+            shapes = jax.eval_shape(grad_fn, params, frozen, first, normalizer, key, aux)
             (l_shape, m_shape), g_shape = shapes
             zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
                                  (g_shape, l_shape, m_shape))
-            (grads, loss, aux), _ = jax.lax.scan(body, zeros, (mbs, jnp.arange(accum)))
+            (grads, loss, sums), _ = jax.lax.scan(body, zeros, (mbs, jnp.arange(accum)))
         updates, opt_state = optimizer.update(grads, state["opt_state"], params)
         new_state = dict(state, step=state["step"] + 1, opt_state=opt_state,
                          params=optax.apply_updates(params, updates))
-        metrics = dict(aux, loss=loss, grad_norm=optax.tree.norm(grads),
+        metrics = dict(sums, loss=loss, grad_norm=optax.tree.norm(grads),
                        lr=schedule(state["step"]))
         return new_state, metrics
 
@@ -98,11 +102,12 @@ def make_train_step(graphdef, template, loss_fn: LossFn, normalizer_fn: Normaliz
 
 
 def make_eval_step(graphdef, template, loss_fn: LossFn, *, precision: str = "fp32"):
-    """A jitted `eval_step(params, frozen, batch) -> metrics` (sums; no normalisation)."""
+    """A jitted `eval_step(params, frozen, batch, aux=None) -> metrics` (sums; no
+    normalisation)."""
 
-    def step(params, frozen, batch):
+    def step(params, frozen, batch, aux=None):
         model = merge(graphdef, template, params, frozen, precision)
-        _, metrics = loss_fn(model, batch, jnp.float32(1.0), jax.random.key(0))
+        _, metrics = loss_fn(model, batch, jnp.float32(1.0), jax.random.key(0), aux)
         return metrics
 
     return jax.jit(step)

@@ -23,12 +23,17 @@ VARIANTS = {
     "padded": [],
     "packed": ["data.pack=true"],
     "lora": ["model.lora.rank=4", "train.lr=1e-2"],
+    "dpo": ["dpo"],
+    "dpo-precomputed-lora": ["dpo", "dpo.reference=precomputed", "model.lora.rank=4"],
+    "reward": ["reward"],
 }
 
 
 def command(run_dir, extra):
-    return [sys.executable, "-m", "hone.cli", "sft", "--config", str(ROOT / "configs/tiny/sft.yaml"),
-            f"run_dir={run_dir}", *BASE, *extra]
+    name = extra[0] if extra and extra[0] in ("dpo", "reward") else "sft"
+    extra = extra[1:] if name != "sft" else extra
+    return [sys.executable, "-m", "hone.cli", name, "--config",
+            str(ROOT / f"configs/tiny/{name}.yaml"), f"run_dir={run_dir}", *BASE, *extra]
 
 
 def losses(run_dir) -> list[str]:
@@ -77,7 +82,7 @@ def test_killed_run_resumes_exactly(variant, tmp_path):
     assert s1 == s2 == 300
     for k in a["params"]:
         assert np.array_equal(np.asarray(a["params"][k]), np.asarray(b["params"][k])), k
-    if variant == "lora":
+    if variant in ("lora", "dpo-precomputed-lora"):
         assert all("lora" in k for k in a["params"])
 
 

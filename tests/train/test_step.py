@@ -19,7 +19,7 @@ TRAIN = SimpleNamespace(lr=1e-2, schedule="cosine", warmup_steps=2, max_steps=10
                         weight_decay=0.01)
 
 
-def loss_fn(model, mb, normalizer, key):
+def loss_fn(model, mb, normalizer, key, aux=None):
     logits = model(mb["tokens"], attention_mask=mb["attention_mask"])
     return sft_loss(logits, mb["targets"], mb["loss_mask"], normalizer)
 

@@ -1,0 +1,221 @@
+"""`hone dpo`: preference tuning (DPO, IPO, hinge, robust DPO, SimPO, ORPO) wired from a config.
+
+Chosen and rejected sequences go through the policy in one forward pass ([2B, T] batches: rows
+0..B-1 chosen, B..2B-1 rejected). The reference log-probabilities come from one of:
+- "copy": a frozen copy of the starting weights, passed to the jitted step as an argument;
+- "adapters_off": the same model with its LoRA adapters zeroed, so the reference costs a second
+  forward pass but no second copy of the weights;
+- "precomputed": one pass over the training pairs before the first step, cached next to the run
+  (run_dir/reference_logps.npz) and carried through shuffling with the pairs.
+SimPO and ORPO need no reference model, and none is built or run.
+
+Per-pair losses are computed under vmap and summed over real pairs, divided by the number of
+real pairs in the whole batch, so gradient accumulation equals one large batch here too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from hone.config import DPOConfig, dump_yaml
+from hone.losses import token_logprobs
+from hone.losses.preference import dpo_loss, orpo_loss, sequence_logprobs, simpo_loss
+from hone.models.loading import load_tokenizer
+from hone.recipes.sft import build_model
+from hone.train.loop import LoopSpec, run_loop
+from hone.train.optimizer import build_optimizer
+from hone.train.state import flatten, new_train_state, split_model, tree_bytes, unflatten
+from hone.train.step import make_eval_step, make_train_step
+
+REFERENCE_FREE = ("simpo", "orpo")
+
+
+def reference_mode(cfg: DPOConfig) -> str | None:
+    """The reference model a config asks for (None: the loss needs none)."""
+    if cfg.dpo.loss_type in REFERENCE_FREE:
+        return None
+    if cfg.dpo.reference == "auto":
+        return "adapters_off" if cfg.model.lora.rank > 0 else "copy"
+    return cfg.dpo.reference
+
+
+def _sequence_logps(model, mb):
+    """Per-sequence summed and length-averaged completion log-probs [2B], and lengths."""
+    logits = model(mb["tokens"], positions=mb["positions"], attention_mask=mb["attention_mask"],
+                   segment_ids=mb["segment_ids"])
+    token_lp = token_logprobs(logits, mb["targets"])
+    mask = mb["loss_mask"]
+    return (sequence_logprobs(token_lp, mask), sequence_logprobs(token_lp, mask, average=True),
+            jnp.sum(mask, axis=-1))
+
+
+def reference_model(model, mode: str, aux):
+    """The reference for `mode`, sharing structure (and, for adapters_off, weights) with model."""
+    from hone.models.lora import LoRAParam
+    if mode == "adapters_off":
+        graphdef, lora, rest = nnx.split(model, LoRAParam, ...)
+        return nnx.merge(graphdef, jax.tree.map(jnp.zeros_like, lora), rest)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)  # mode == "copy"
+    return nnx.merge(graphdef, unflatten(params, aux), rest)
+
+
+def make_dpo_loss(cfg: DPOConfig, mode: str | None):
+    d = cfg.dpo
+
+    def loss_fn(model, mb, normalizer, key, aux):
+        seq, avg, lens = _sequence_logps(model, mb)
+        b = seq.shape[0] // 2
+        valid = mb["pair_valid"]
+        pc, pr = seq[:b], seq[b:]
+        metrics = {"pairs": jnp.sum(valid)}
+        if d.loss_type == "simpo":
+            per_pair = jax.vmap(lambda c, r: simpo_loss(c, r, beta=d.beta,
+                                                        gamma=d.simpo_gamma))(avg[:b], avg[b:])
+        elif d.loss_type == "orpo":
+            nll = -avg[:b]
+            per_pair = jax.vmap(lambda c, r, n: orpo_loss(c, r, n, beta=d.beta))(
+                avg[:b], avg[b:], nll)
+        else:
+            if mode == "precomputed":
+                rc, rr = mb["ref_chosen_logp"], mb["ref_rejected_logp"]
+            else:
+                ref_seq, _, _ = _sequence_logps(reference_model(model, mode, aux), mb)
+                ref_seq = jax.lax.stop_gradient(ref_seq)
+                rc, rr = ref_seq[:b], ref_seq[b:]
+            # Data-distribution estimate of KL(policy || reference) per completion token.
+            log_ratio = (pc - rc) + (pr - rr)
+            metrics["kl_sum"] = jnp.sum(log_ratio * valid)
+            metrics["completion_tokens"] = jnp.sum((lens[:b] + lens[b:]) * valid)
+            if d.loss_type == "ipo":  # IPO compares length-averaged log-probs (as TRL does)
+                lc, lr = jnp.maximum(lens[:b], 1.0), jnp.maximum(lens[b:], 1.0)
+                pc, pr, rc, rr = pc / lc, pr / lr, rc / lc, rr / lr
+            per_pair = jax.vmap(lambda a, b_, c, e: dpo_loss(
+                a, b_, c, e, beta=d.beta, loss_type=d.loss_type,
+                label_smoothing=d.label_smoothing))(pc, pr, rc, rr)
+        losses, parts = per_pair
+        for name in ("rewards_chosen", "rewards_rejected", "margin", "accuracy"):
+            if name in parts:
+                metrics[name + "_sum"] = jnp.sum(parts[name] * valid)
+        return jnp.sum(losses * valid) / normalizer, metrics
+
+    return loss_fn
+
+
+def pair_count(batch) -> jax.Array:
+    return jnp.maximum(jnp.sum(batch["pair_valid"]), 1.0)
+
+
+def means(row: dict, prefix: str = "") -> dict:
+    """Turn the summed metrics of a logged row into per-pair (and per-token) means."""
+    pairs = max(float(row.get(prefix + "pairs", 0.0)), 1.0)
+    out = {}
+    for name in ("rewards_chosen", "rewards_rejected", "margin", "accuracy"):
+        if prefix + name + "_sum" in row:
+            out[prefix + name] = row[prefix + name + "_sum"] / pairs
+    if prefix + "kl_sum" in row:
+        out[prefix + "kl"] = row[prefix + "kl_sum"] / max(row[prefix + "completion_tokens"], 1.0)
+    return out
+
+
+def _fingerprint(data, source: str) -> str:
+    """Identifies the pairs (tokens and masks) and the model the cache was computed for."""
+    digest = hashlib.sha256(source.encode())
+    for key in ("tokens", "loss_mask"):
+        digest.update(np.ascontiguousarray(data.pairs[key]).tobytes())
+    return digest.hexdigest()
+
+
+def precompute_reference(model, mode_model_fn, data, run_dir: Path, log, source: str) -> None:
+    """Reference log-probs of every training pair, computed once and cached in the run folder."""
+    cache = run_dir / "reference_logps.npz"
+    n = data.num_pairs
+    fingerprint = _fingerprint(data, source)
+    if cache.exists():
+        saved = np.load(cache)
+        if str(saved["fingerprint"]) == fingerprint:
+            data.add_pair_arrays(ref_chosen_logp=saved["chosen"],
+                                 ref_rejected_logp=saved["rejected"])
+            log(f"reference log-probs: reusing {cache}")
+            return
+    graphdef, state = nnx.split(mode_model_fn(model))
+
+    @jax.jit
+    def score(state, batch):
+        seq, _, _ = _sequence_logps(nnx.merge(graphdef, state), batch)
+        return seq
+
+    chosen, rejected = [], []
+    for batch in data.batches():
+        seq = np.asarray(score(state, batch))
+        b = seq.shape[0] // 2
+        chosen.append(seq[:b])
+        rejected.append(seq[b:])
+    chosen = np.concatenate(chosen)[:n].astype(np.float32)
+    rejected = np.concatenate(rejected)[:n].astype(np.float32)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(".tmp.npz")
+    np.savez(tmp, chosen=chosen, rejected=rejected, fingerprint=np.array(fingerprint))
+    tmp.replace(cache)
+    data.add_pair_arrays(ref_chosen_logp=chosen, ref_rejected_logp=rejected)
+    log(f"reference log-probs: computed for {n} pairs, cached in {cache}")
+
+
+def run_dpo(cfg: DPOConfig, *, log=print):
+    """Train per cfg; returns (trained model, final train state, reference bytes)."""
+    from hone.data.preference import PreferenceData
+    run_dir = Path(cfg.run_dir)
+    tokenizer = load_tokenizer(cfg.model.source)
+    d = cfg.data
+    kw = dict(max_length=d.max_length, overlong=d.overlong, max_records=d.max_records,
+              batch_size=cfg.train.batch_size, seed=cfg.train.seed)
+    train_data = PreferenceData(d.path, tokenizer, **kw)
+    log(f"data: {train_data.describe()}")
+    eval_data = PreferenceData(d.eval_path, tokenizer, **kw) if d.eval_path else None
+    if eval_data is not None:
+        log(f"eval data: {eval_data.describe()}")
+    model, trainable = build_model(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dump_yaml(cfg, run_dir / "config.yaml")
+
+    mode = reference_mode(cfg)
+    graphdef, params, frozen = split_model(model, trainable)
+    # The starting weights, never updated: a real copy, since the train state's own buffers
+    # are donated to (and overwritten by) every step.
+    aux = jax.tree.map(jnp.copy, flatten(params)) if mode == "copy" else None
+    if mode == "precomputed":
+        off = (lambda m: reference_model(m, "adapters_off", None)) if cfg.model.lora.rank else (
+            lambda m: m)
+        precompute_reference(model, off, train_data, run_dir, log, cfg.model.source)
+        if eval_data is not None:
+            precompute_reference(model, off, eval_data, run_dir / "eval", log, cfg.model.source)
+    log(f"reference: {mode or 'none'} ({tree_bytes(aux) / 2**20:.1f} MiB of extra weights)")
+
+    optimizer, schedule = build_optimizer(cfg.train)
+    state = new_train_state(flatten(params), optimizer, cfg.train.seed)
+    loss_fn = make_dpo_loss(cfg, mode)
+    step = make_train_step(graphdef, params, loss_fn, pair_count, optimizer, schedule,
+                           accum=cfg.train.grad_accum, precision=cfg.train.precision)
+    eval_fn = None
+    if eval_data is not None:
+        eval_step = make_eval_step(graphdef, params, loss_fn, precision=cfg.train.precision)
+
+        def eval_fn(p):
+            total: dict[str, float] = {}
+            for batch in eval_data.batches():
+                for k, v in jax.device_get(eval_step(p, frozen, batch, aux)).items():
+                    total["eval_" + k] = total.get("eval_" + k, 0.0) + float(v)
+            return means(total, "eval_") | {"eval_pairs": total.get("eval_pairs", 0.0)}
+
+    spec = LoopSpec(
+        train_step=step, state=state, frozen=frozen, aux=aux, data=train_data.iterator(),
+        eval_fn=eval_fn, tokens_per_batch=lambda b: int(np.sum(b["attention_mask"])),
+        flops_per_token=model.config.flops_per_token(d.max_length), extra_metrics=means)
+    final = run_loop(spec, cfg, run_dir)
+    trained = nnx.merge(graphdef, unflatten(params, final["params"]), frozen)
+    return trained, final, tree_bytes(aux)

@@ -1,0 +1,103 @@
+"""`hone reward`: a reward model trained on preference pairs (Bradley-Terry).
+
+The backbone (full or with LoRA adapters) gets a scalar head read at the last real token; the
+loss is -log sigmoid(r_chosen - r_rejected - margin) plus optional reward centering. Evaluation
+reports pairwise accuracy on held-out pairs. `hone export` writes the result as a Hugging Face
+sequence-classification folder, which `hone.models.reward.load_reward_model` reads back for RL.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from hone.config import RewardConfig, dump_yaml
+from hone.losses.preference import reward_loss
+from hone.models.loading import load_tokenizer
+from hone.models.reward import RewardModel
+from hone.recipes.dpo import pair_count
+from hone.recipes.sft import build_model
+from hone.train.loop import LoopSpec, run_loop
+from hone.train.optimizer import build_optimizer
+from hone.train.state import flatten, new_train_state, split_model, unflatten
+from hone.train.step import make_eval_step, make_train_step
+
+
+def build_reward_model(cfg):
+    """(RewardModel, trainable filter): the head always trains; the backbone fully or through
+    its adapters."""
+    from hone.models.lora import LoRAParam
+    backbone, trainable = build_model(cfg)
+    model = RewardModel(backbone, rngs=nnx.Rngs(cfg.train.seed))
+    if trainable is LoRAParam:
+        trainable = nnx.Any(LoRAParam, nnx.PathContains("head"))
+    return model, trainable
+
+
+def make_reward_loss(cfg: RewardConfig):
+    r = cfg.reward
+
+    def loss_fn(model, mb, normalizer, key, aux):
+        rewards = model(mb["tokens"], positions=mb["positions"],
+                        attention_mask=mb["attention_mask"], segment_ids=mb["segment_ids"])
+        b = rewards.shape[0] // 2
+        valid = mb["pair_valid"]
+        losses, parts = jax.vmap(lambda c, j: reward_loss(
+            c, j, margin=r.margin, center_coef=r.center_coef))(rewards[:b], rewards[b:])
+        metrics = {"pairs": jnp.sum(valid),
+                   "accuracy_sum": jnp.sum((rewards[:b] > rewards[b:]) * valid),
+                   "margin_sum": jnp.sum((rewards[:b] - rewards[b:]) * valid),
+                   "reward_sum": jnp.sum((rewards[:b] + rewards[b:]) * valid) / 2}
+        return jnp.sum(losses * valid) / normalizer, metrics
+
+    return loss_fn
+
+
+def means(row: dict, prefix: str = "") -> dict:
+    pairs = max(float(row.get(prefix + "pairs", 0.0)), 1.0)
+    return {prefix + name: row[prefix + name + "_sum"] / pairs
+            for name in ("accuracy", "margin", "reward") if prefix + name + "_sum" in row}
+
+
+def run_reward(cfg: RewardConfig, *, log=print):
+    """Train per cfg; returns (trained RewardModel, final train state)."""
+    from hone.data.preference import PreferenceData
+    run_dir = Path(cfg.run_dir)
+    tokenizer = load_tokenizer(cfg.model.source)
+    d = cfg.data
+    kw = dict(max_length=d.max_length, overlong=d.overlong, max_records=d.max_records,
+              batch_size=cfg.train.batch_size, seed=cfg.train.seed)
+    train_data = PreferenceData(d.path, tokenizer, **kw)
+    log(f"data: {train_data.describe()}")
+    eval_data = PreferenceData(d.eval_path, tokenizer, **kw) if d.eval_path else None
+    model, trainable = build_reward_model(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dump_yaml(cfg, run_dir / "config.yaml")
+
+    graphdef, params, frozen = split_model(model, trainable)
+    optimizer, schedule = build_optimizer(cfg.train)
+    state = new_train_state(flatten(params), optimizer, cfg.train.seed)
+    loss_fn = make_reward_loss(cfg)
+    step = make_train_step(graphdef, params, loss_fn, pair_count, optimizer, schedule,
+                           accum=cfg.train.grad_accum, precision=cfg.train.precision)
+    eval_fn = None
+    if eval_data is not None:
+        eval_step = make_eval_step(graphdef, params, loss_fn, precision=cfg.train.precision)
+
+        def eval_fn(p):
+            total: dict[str, float] = {}
+            for batch in eval_data.batches():
+                for k, v in jax.device_get(eval_step(p, frozen, batch)).items():
+                    total["eval_" + k] = total.get("eval_" + k, 0.0) + float(v)
+            return means(total, "eval_")
+
+    spec = LoopSpec(
+        train_step=step, state=state, frozen=frozen, data=train_data.iterator(),
+        eval_fn=eval_fn, tokens_per_batch=lambda b: int(np.sum(b["attention_mask"])),
+        flops_per_token=model.config.flops_per_token(d.max_length), extra_metrics=means)
+    final = run_loop(spec, cfg, run_dir)
+    return nnx.merge(graphdef, unflatten(params, final["params"]), frozen), final

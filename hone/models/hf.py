@@ -9,9 +9,6 @@ failed export never leaves a half-written model behind.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -20,6 +17,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from hone.errors import InputError
+from hone.fileio import atomic_folder
 from hone.models.hf_config import config_from_hf, config_to_hf
 from hone.models.transformer import Transformer
 from hone.models.weights import build_model, hf_tensors
@@ -126,9 +124,7 @@ def save_hf(model: Transformer, out_dir: str | Path, tokenizer=None, *, dtype: s
     if tokenizer is not None:
         kw = dict(bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
     config = config_to_hf(model.config, dtype=stored, **kw)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    with atomic_folder(out_dir) as tmp:
         shards = _shards(tensors, max_shard_bytes)
         if len(shards) == 1:
             save_file(shards[0], str(tmp / _SINGLE), metadata={"format": "pt"})
@@ -148,14 +144,4 @@ def save_hf(model: Transformer, out_dir: str | Path, tokenizer=None, *, dtype: s
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
         if tokenizer is not None:
             tokenizer.save(tmp)
-        if out_dir.exists():
-            old = out_dir.with_name(f".{out_dir.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(out_dir, old)
-            os.replace(tmp, out_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out_dir

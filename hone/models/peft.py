@@ -13,16 +13,14 @@ plain transposes. The folder is written to a temporary sibling and renamed when 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 from safetensors.numpy import save_file
 
 from hone.errors import InputError
+from hone.fileio import atomic_folder
 from hone.models.lora import lora_modules
 from hone.models.transformer import Transformer
 from hone.models.weights import hf_name_table
@@ -92,19 +90,7 @@ def save_peft(model: Transformer, out_dir: str | Path, base_model_name_or_path: 
         "modules_to_save": None,
         "layers_to_transform": None,
     }
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    with atomic_folder(out_dir) as tmp:
         save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
         (tmp / CONFIG).write_text(json.dumps(config, indent=2))
-        if out_dir.exists():
-            old = out_dir.with_name(f".{out_dir.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(out_dir, old)
-            os.replace(tmp, out_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out_dir

@@ -23,15 +23,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from hone.config import DPOConfig, dump_yaml
+from hone.config import DPOConfig
 from hone.losses import token_logprobs
 from hone.losses.preference import dpo_loss, orpo_loss, sequence_logprobs, simpo_loss
 from hone.models.loading import load_tokenizer
+from hone.recipes.common import compile_steps, load_pairs, open_run, summed_eval
 from hone.recipes.sft import build_model
 from hone.train.loop import LoopSpec, run_loop
-from hone.train.optimizer import build_optimizer
-from hone.train.state import flatten, new_train_state, split_model, tree_bytes, unflatten
-from hone.train.step import make_eval_step, make_train_step
+from hone.train.state import tree_bytes, unflatten
 
 REFERENCE_FREE = ("simpo", "orpo")
 
@@ -168,26 +167,17 @@ def precompute_reference(model, mode_model_fn, data, run_dir: Path, log, source:
 
 def run_dpo(cfg: DPOConfig, *, log=print):
     """Train per cfg; returns (trained model, final train state, reference bytes)."""
-    from hone.data.preference import PreferenceData
-    run_dir = Path(cfg.run_dir)
     tokenizer = load_tokenizer(cfg.model.source)
-    d = cfg.data
-    kw = dict(max_length=d.max_length, overlong=d.overlong, max_records=d.max_records,
-              batch_size=cfg.train.batch_size, seed=cfg.train.seed)
-    train_data = PreferenceData(d.path, tokenizer, **kw)
-    log(f"data: {train_data.describe()}")
-    eval_data = PreferenceData(d.eval_path, tokenizer, **kw) if d.eval_path else None
-    if eval_data is not None:
-        log(f"eval data: {eval_data.describe()}")
+    train_data, eval_data = load_pairs(cfg, tokenizer, log)
     model, trainable = build_model(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    dump_yaml(cfg, run_dir / "config.yaml")
+    run_dir = open_run(cfg)
 
     mode = reference_mode(cfg)
-    graphdef, params, frozen = split_model(model, trainable)
+    graphdef, params, frozen, state, step, eval_step = compile_steps(
+        cfg, model, trainable, make_dpo_loss(cfg, mode), pair_count)
     # The starting weights, never updated: a real copy, since the train state's own buffers
     # are donated to (and overwritten by) every step.
-    aux = jax.tree.map(jnp.copy, flatten(params)) if mode == "copy" else None
+    aux = jax.tree.map(jnp.copy, state["params"]) if mode == "copy" else None
     if mode == "precomputed":
         off = (lambda m: reference_model(m, "adapters_off", None)) if cfg.model.lora.rank else (
             lambda m: m)
@@ -195,27 +185,14 @@ def run_dpo(cfg: DPOConfig, *, log=print):
         if eval_data is not None:
             precompute_reference(model, off, eval_data, run_dir / "eval", log, cfg.model.source)
     log(f"reference: {mode or 'none'} ({tree_bytes(aux) / 2**20:.1f} MiB of extra weights)")
-
-    optimizer, schedule = build_optimizer(cfg.train)
-    state = new_train_state(flatten(params), optimizer, cfg.train.seed)
-    loss_fn = make_dpo_loss(cfg, mode)
-    step = make_train_step(graphdef, params, loss_fn, pair_count, optimizer, schedule,
-                           accum=cfg.train.grad_accum, precision=cfg.train.precision)
     eval_fn = None
     if eval_data is not None:
-        eval_step = make_eval_step(graphdef, params, loss_fn, precision=cfg.train.precision)
-
-        def eval_fn(p):
-            total: dict[str, float] = {}
-            for batch in eval_data.batches():
-                for k, v in jax.device_get(eval_step(p, frozen, batch, aux)).items():
-                    total["eval_" + k] = total.get("eval_" + k, 0.0) + float(v)
-            return means(total, "eval_") | {"eval_pairs": total.get("eval_pairs", 0.0)}
-
+        eval_fn = summed_eval(eval_step, frozen, eval_data, aux=aux, means=lambda t: means(
+            t, "eval_") | {"eval_pairs": t.get("eval_pairs", 0.0)})
     spec = LoopSpec(
         train_step=step, state=state, frozen=frozen, aux=aux, data=train_data.iterator(),
         eval_fn=eval_fn, tokens_per_batch=lambda b: int(np.sum(b["attention_mask"])),
-        flops_per_token=model.config.flops_per_token(d.max_length), extra_metrics=means)
+        flops_per_token=model.config.flops_per_token(cfg.data.max_length), extra_metrics=means)
     final = run_loop(spec, cfg, run_dir)
     trained = nnx.merge(graphdef, unflatten(params, final["params"]), frozen)
     return trained, final, tree_bytes(aux)

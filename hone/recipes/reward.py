@@ -8,23 +8,21 @@ sequence-classification folder, which `hone.models.reward.load_reward_model` rea
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from hone.config import RewardConfig, dump_yaml
+from hone.config import RewardConfig
 from hone.losses.preference import reward_loss
 from hone.models.loading import load_tokenizer
 from hone.models.reward import RewardModel
 from hone.recipes.dpo import pair_count
+from hone.recipes.common import compile_steps, load_pairs, open_run, summed_eval
 from hone.recipes.sft import build_model
 from hone.train.loop import LoopSpec, run_loop
-from hone.train.optimizer import build_optimizer
-from hone.train.state import flatten, new_train_state, split_model, unflatten
-from hone.train.step import make_eval_step, make_train_step
+from hone.train.state import unflatten
 
 
 def build_reward_model(cfg):
@@ -65,39 +63,18 @@ def means(row: dict, prefix: str = "") -> dict:
 
 def run_reward(cfg: RewardConfig, *, log=print):
     """Train per cfg; returns (trained RewardModel, final train state)."""
-    from hone.data.preference import PreferenceData
-    run_dir = Path(cfg.run_dir)
     tokenizer = load_tokenizer(cfg.model.source)
-    d = cfg.data
-    kw = dict(max_length=d.max_length, overlong=d.overlong, max_records=d.max_records,
-              batch_size=cfg.train.batch_size, seed=cfg.train.seed)
-    train_data = PreferenceData(d.path, tokenizer, **kw)
-    log(f"data: {train_data.describe()}")
-    eval_data = PreferenceData(d.eval_path, tokenizer, **kw) if d.eval_path else None
+    train_data, eval_data = load_pairs(cfg, tokenizer, log)
     model, trainable = build_reward_model(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    dump_yaml(cfg, run_dir / "config.yaml")
-
-    graphdef, params, frozen = split_model(model, trainable)
-    optimizer, schedule = build_optimizer(cfg.train)
-    state = new_train_state(flatten(params), optimizer, cfg.train.seed)
-    loss_fn = make_reward_loss(cfg)
-    step = make_train_step(graphdef, params, loss_fn, pair_count, optimizer, schedule,
-                           accum=cfg.train.grad_accum, precision=cfg.train.precision)
+    run_dir = open_run(cfg)
+    graphdef, params, frozen, state, step, eval_step = compile_steps(
+        cfg, model, trainable, make_reward_loss(cfg), pair_count)
     eval_fn = None
     if eval_data is not None:
-        eval_step = make_eval_step(graphdef, params, loss_fn, precision=cfg.train.precision)
-
-        def eval_fn(p):
-            total: dict[str, float] = {}
-            for batch in eval_data.batches():
-                for k, v in jax.device_get(eval_step(p, frozen, batch)).items():
-                    total["eval_" + k] = total.get("eval_" + k, 0.0) + float(v)
-            return means(total, "eval_")
-
+        eval_fn = summed_eval(eval_step, frozen, eval_data, means=lambda t: means(t, "eval_"))
     spec = LoopSpec(
         train_step=step, state=state, frozen=frozen, data=train_data.iterator(),
         eval_fn=eval_fn, tokens_per_batch=lambda b: int(np.sum(b["attention_mask"])),
-        flops_per_token=model.config.flops_per_token(d.max_length), extra_metrics=means)
+        flops_per_token=model.config.flops_per_token(cfg.data.max_length), extra_metrics=means)
     final = run_loop(spec, cfg, run_dir)
     return nnx.merge(graphdef, unflatten(params, final["params"]), frozen), final

@@ -6,20 +6,17 @@ checked before the run folder gets a checkpoint, so an error leaves an earlier r
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from hone.config import SFTConfig, dump_yaml
+from hone.config import SFTConfig
 from hone.losses import sft_loss
 from hone.models.loading import load_model, load_tokenizer
+from hone.recipes.common import compile_steps, open_run, summed_eval
 from hone.train.loop import LoopSpec, run_loop
-from hone.train.optimizer import build_optimizer
-from hone.train.state import flatten, new_train_state, split_model, unflatten
-from hone.train.step import make_eval_step, make_train_step
+from hone.train.state import unflatten
 
 
 def sft_step_loss(model, mb, normalizer, key, aux=None):
@@ -47,25 +44,15 @@ def build_model(cfg, *, log=print):
     return model, trainable
 
 
-def make_eval_fn(eval_step, frozen, eval_data):
-    """params -> {"eval_loss", "eval_ppl"} over the held-out batches (token-weighted)."""
-
-    def evaluate(params):
-        nll, tokens = 0.0, 0.0
-        for batch in eval_data.batches():
-            m = jax.device_get(eval_step(params, frozen, batch))
-            nll += float(m["nll_sum"])
-            tokens += float(m["target_tokens"])
-        loss = nll / max(tokens, 1.0)
-        return {"eval_loss": loss, "eval_ppl": float(np.exp(min(loss, 50.0)))}
-
-    return evaluate
+def eval_means(total: dict) -> dict:
+    """Held-out loss (token-weighted) and perplexity from summed eval metrics."""
+    loss = total["eval_nll_sum"] / max(total["eval_target_tokens"], 1.0)
+    return {"eval_loss": loss, "eval_ppl": float(np.exp(min(loss, 50.0)))}
 
 
 def run_sft(cfg: SFTConfig, *, log=print):
     """Train per cfg; returns (trained model, final train state)."""
     from hone.data.loader import SFTData
-    run_dir = Path(cfg.run_dir)
     tokenizer = load_tokenizer(cfg.model.source)
     d = cfg.data
     data_kw = dict(tokenizer=tokenizer, format=d.format, max_length=d.max_length, pack=d.pack,
@@ -79,18 +66,10 @@ def run_sft(cfg: SFTConfig, *, log=print):
                             **data_kw)
         log(f"eval data: {eval_data.describe()}")
     model, trainable = build_model(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    dump_yaml(cfg, run_dir / "config.yaml")
-
-    graphdef, params, frozen = split_model(model, trainable)
-    optimizer, schedule = build_optimizer(cfg.train)
-    state = new_train_state(flatten(params), optimizer, cfg.train.seed)
-    step = make_train_step(graphdef, params, sft_step_loss, target_tokens, optimizer, schedule,
-                           accum=cfg.train.grad_accum, precision=cfg.train.precision)
-    eval_fn = None
-    if eval_data is not None:
-        eval_step = make_eval_step(graphdef, params, sft_step_loss, precision=cfg.train.precision)
-        eval_fn = make_eval_fn(eval_step, frozen, eval_data)
+    run_dir = open_run(cfg)
+    graphdef, params, frozen, state, step, eval_step = compile_steps(
+        cfg, model, trainable, sft_step_loss, target_tokens)
+    eval_fn = summed_eval(eval_step, frozen, eval_data, eval_means) if eval_data else None
     spec = LoopSpec(
         train_step=step, state=state, frozen=frozen, data=train_data.iterator(),
         eval_fn=eval_fn,

@@ -1,0 +1,61 @@
+"""What every training recipe does the same way: open the run folder, read preference pairs,
+build the jitted train and eval steps, and sum evaluation metrics over held-out batches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import jax
+from flax import nnx
+
+from hone.config import dump_yaml
+from hone.train.optimizer import build_optimizer
+from hone.train.state import flatten, new_train_state, split_model
+from hone.train.step import make_eval_step, make_train_step
+
+
+def open_run(cfg) -> Path:
+    """The run folder with the resolved config written into it (after all input was checked)."""
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dump_yaml(cfg, run_dir / "config.yaml")
+    return run_dir
+
+
+def load_pairs(cfg, tokenizer, log):
+    """(training pairs, held-out pairs or None) for a preference config."""
+    from hone.data.preference import PreferenceData
+    d = cfg.data
+    kw = dict(max_length=d.max_length, overlong=d.overlong, max_records=d.max_records,
+              batch_size=cfg.train.batch_size, seed=cfg.train.seed)
+    train = PreferenceData(d.path, tokenizer, **kw)
+    log(f"data: {train.describe()}")
+    held_out = PreferenceData(d.eval_path, tokenizer, **kw) if d.eval_path else None
+    if held_out is not None:
+        log(f"eval data: {held_out.describe()}")
+    return train, held_out
+
+
+def compile_steps(cfg, model: nnx.Module, trainable, loss_fn, normalizer_fn):
+    """(graphdef, params template, frozen rest, fresh train state, train step, eval step)."""
+    graphdef, params, frozen = split_model(model, trainable)
+    optimizer, schedule = build_optimizer(cfg.train)
+    state = new_train_state(flatten(params), optimizer, cfg.train.seed)
+    step = make_train_step(graphdef, params, loss_fn, normalizer_fn, optimizer, schedule,
+                           accum=cfg.train.grad_accum, precision=cfg.train.precision)
+    eval_step = make_eval_step(graphdef, params, loss_fn, precision=cfg.train.precision)
+    return graphdef, params, frozen, state, step, eval_step
+
+
+def summed_eval(eval_step, frozen, data, means: Callable[[dict], dict], aux=None):
+    """params -> means(sums of every metric over the held-out batches, keys prefixed eval_)."""
+
+    def evaluate(params) -> dict:
+        total: dict[str, float] = {}
+        for batch in data.batches():
+            for k, v in jax.device_get(eval_step(params, frozen, batch, aux)).items():
+                total["eval_" + k] = total.get("eval_" + k, 0.0) + float(v)
+        return means(total)
+
+    return evaluate

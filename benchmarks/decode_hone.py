@@ -8,10 +8,9 @@ Prompts are random token-id lists, all of the same length. Prints one JSON line 
 
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
 import time
+
+from _measure import decode_args, emit_decode, first_and_median
 
 import jax
 import jax.numpy as jnp
@@ -21,13 +20,7 @@ import hone
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batches", default="8,32")
-    ap.add_argument("--prompt-len", type=int, default=32)
-    ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = decode_args(__doc__.splitlines()[0])
 
     model = hone.load_model("smollm2-135m", seed=args.seed)
     cfg = model.config
@@ -35,7 +28,7 @@ def main():
     assert dtypes <= {jnp.dtype(jnp.float32)}, dtypes
     rng = np.random.default_rng(args.seed)
 
-    for b in [int(x) for x in args.batches.split(",")]:
+    for b in args.batches:
         prompts = rng.integers(3, cfg.vocab_size, size=(b, args.prompt_len)).tolist()
 
         def run():
@@ -45,14 +38,10 @@ def main():
             dt = time.perf_counter() - t0
             lengths = {len(c.tokens) for c in out}
             assert len(out) == b and lengths == {args.new_tokens}, f"generated lengths {lengths}"
-            return dt
+            return dt, None
 
-        first = run()
-        times = [run() for _ in range(max(1, args.repeats))]
-        med = statistics.median(times)
-        print(json.dumps({"impl": "hone", "batch": b, "first_s": round(first, 4),
-                          "median_s": round(med, 4),
-                          "tokens_per_s": round(b * args.new_tokens / med, 2)}), flush=True)
+        first, med, _ = first_and_median(run, args.repeats)
+        emit_decode("hone", b, args.new_tokens, first, med)
 
 
 if __name__ == "__main__":

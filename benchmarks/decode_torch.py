@@ -9,10 +9,9 @@ length, so every row generates exactly N tokens. Prints one JSON line per batch 
 
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
 import time
+
+from _measure import decode_args, emit_decode, first_and_median
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -30,13 +29,7 @@ def smollm2_135m_config() -> LlamaConfig:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batches", default="8,32")
-    ap.add_argument("--prompt-len", type=int, default=32)
-    ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = decode_args(__doc__.splitlines()[0])
 
     torch.set_num_threads(2)
     torch.manual_seed(args.seed)
@@ -46,7 +39,7 @@ def main():
     assert model.config._attn_implementation == "sdpa", model.config._attn_implementation
     gen = torch.Generator().manual_seed(args.seed)
 
-    for b in [int(x) for x in args.batches.split(",")]:
+    for b in args.batches:
         ids = torch.randint(3, cfg.vocab_size, (b, args.prompt_len), generator=gen)
         mask = torch.ones_like(ids)
 
@@ -59,14 +52,10 @@ def main():
                                      pad_token_id=PAD_ID, eos_token_id=EOS_ID)
             dt = time.perf_counter() - t0
             assert out.shape == (b, args.prompt_len + args.new_tokens), out.shape
-            return dt
+            return dt, None
 
-        first = run()
-        times = [run() for _ in range(max(1, args.repeats))]
-        med = statistics.median(times)
-        print(json.dumps({"impl": "torch", "batch": b, "first_s": round(first, 4),
-                          "median_s": round(med, 4),
-                          "tokens_per_s": round(b * args.new_tokens / med, 2)}), flush=True)
+        first, med, _ = first_and_median(run, args.repeats)
+        emit_decode("torch", b, args.new_tokens, first, med)
 
 
 if __name__ == "__main__":

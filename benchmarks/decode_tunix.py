@@ -11,10 +11,9 @@ generates all new tokens. Prints one JSON line per batch size.
 
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
 import time
+
+from _measure import decode_args, emit_decode, first_and_median
 
 import jax
 import jax.numpy as jnp
@@ -54,13 +53,7 @@ class IdTokenizer:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batches", default="8,32")
-    ap.add_argument("--prompt-len", type=int, default=32)
-    ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = decode_args(__doc__.splitlines()[0])
 
     cfg = smollm2_135m_config()
     model = llama3_lib.Llama3(cfg, rngs=nnx.Rngs(args.seed))
@@ -74,7 +67,7 @@ def main():
     sampler = sampler_lib.Sampler(transformer=model, tokenizer=IdTokenizer(), cache_config=cache)
     rng = np.random.default_rng(args.seed)
 
-    for b in [int(x) for x in args.batches.split(",")]:
+    for b in args.batches:
         ids = rng.integers(1, cfg.vocab_size, size=(b, args.prompt_len))
         prompts = [" ".join(str(t) for t in row) for row in ids]
 
@@ -85,14 +78,10 @@ def main():
             dt = time.perf_counter() - t0
             lengths = {len(t) for t in out.tokens}
             assert lengths == {args.new_tokens}, f"generated lengths {lengths}"
-            return dt
+            return dt, None
 
-        first = run()
-        times = [run() for _ in range(max(1, args.repeats))]
-        med = statistics.median(times)
-        print(json.dumps({"impl": "tunix", "batch": b, "first_s": round(first, 4),
-                          "median_s": round(med, 4),
-                          "tokens_per_s": round(b * args.new_tokens / med, 2)}), flush=True)
+        first, med, _ = first_and_median(run, args.repeats)
+        emit_decode("tunix", b, args.new_tokens, first, med)
 
 
 if __name__ == "__main__":

@@ -23,11 +23,9 @@ process for a per-row figure, as train.py does). Prints one JSON line per row.
 
 from __future__ import annotations
 
-import argparse
-import json
-import resource
-import statistics
 import time
+
+from _measure import emit_train, first_and_median, train_args
 from types import SimpleNamespace
 
 import jax
@@ -49,9 +47,6 @@ OPTIM = SimpleNamespace(lr=1e-4, schedule="constant", warmup_steps=0, max_steps=
                         weight_decay=0.01)
 
 
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-
 
 def make_batch(rng: np.random.Generator, b: int, t: int, vocab: int) -> dict:
     ids = rng.integers(3, vocab, size=(b, t + 1))
@@ -67,7 +62,7 @@ def make_batch(rng: np.random.Generator, b: int, t: int, vocab: int) -> dict:
     return {k: jnp.asarray(v) for k, v in batch.items()}
 
 
-def run_row(row: str, args) -> dict:
+def run_row(row: str, args) -> None:
     model = hone.load_model("smollm2-135m", seed=args.seed)
     dtypes = {x.dtype for x in jax.tree.leaves(nnx.state(model, nnx.Param))}
     assert dtypes == {jnp.dtype(jnp.float32)}, dtypes
@@ -97,28 +92,15 @@ def run_row(row: str, args) -> dict:
         assert np.isfinite(loss), loss
         return dt, loss
 
-    first, loss0 = one()
-    times = [one()[0] for _ in range(max(1, args.repeats))]
-    med = statistics.median(times)
+    first, med, loss0 = first_and_median(one, args.repeats)
     name = row if args.precision == "fp32" else f"{row}-{args.precision}"
-    return {"impl": "hone", "row": name, "first_s": round(first, 4), "median_s": round(med, 4),
-            "tokens_per_s": round(args.batch * args.seq_len / med, 2),
-            "peak_rss_mb": round(peak_rss_mb(), 1), "first_loss": round(loss0, 4)}
+    emit_train("hone", name, args, first, med, loss0)
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", default="sft,lora")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
-    for row in [r.strip() for r in args.rows.split(",") if r.strip()]:
-        if row not in ("sft", "lora"):
-            ap.error(f"unknown row {row!r}; choose from sft, lora")
-        print(json.dumps(run_row(row, args)), flush=True)
+    args = train_args(__doc__.splitlines()[0], precision=True)
+    for row in args.rows:
+        run_row(row, args)
 
 
 if __name__ == "__main__":

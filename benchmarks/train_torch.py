@@ -18,12 +18,10 @@ per row.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import resource
-import statistics
 import time
+
+from _measure import emit_train, first_and_median, train_args
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -41,11 +39,8 @@ def smollm2_135m_config() -> LlamaConfig:
                        attn_implementation="sdpa")
 
 
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
-
-def run_row(row: str, args) -> dict:
+def run_row(row: str, args) -> None:
     torch.manual_seed(args.seed)
     cfg = smollm2_135m_config()
     model = LlamaForCausalLM(cfg).to(torch.float32)
@@ -78,27 +73,15 @@ def run_row(row: str, args) -> dict:
         assert math.isfinite(loss), loss
         return dt, loss
 
-    first, loss0 = one()
-    times = [one()[0] for _ in range(max(1, args.repeats))]
-    med = statistics.median(times)
-    return {"impl": "torch", "row": row, "first_s": round(first, 4), "median_s": round(med, 4),
-            "tokens_per_s": round(args.batch * args.seq_len / med, 2),
-            "peak_rss_mb": round(peak_rss_mb(), 1), "first_loss": round(loss0, 4)}
+    first, med, loss0 = first_and_median(one, args.repeats)
+    emit_train("torch", row, args, first, med, loss0)
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", default="sft,lora")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = train_args(__doc__.splitlines()[0])
     torch.set_num_threads(2)
-    for row in [r.strip() for r in args.rows.split(",") if r.strip()]:
-        if row not in ("sft", "lora"):
-            ap.error(f"unknown row {row!r}; choose from sft, lora")
-        print(json.dumps(run_row(row, args)), flush=True)
+    for row in args.rows:
+        run_row(row, args)
 
 
 if __name__ == "__main__":

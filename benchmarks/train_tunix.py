@@ -27,11 +27,9 @@ tokens, the same batch every step. Prints one JSON line per row.
 
 from __future__ import annotations
 
-import argparse
-import json
-import resource
-import statistics
 import time
+
+from _measure import emit_train, first_and_median, train_args
 
 import jax
 import jax.numpy as jnp
@@ -62,11 +60,8 @@ def gen_model_input_fn(x: peft_trainer.TrainingInput) -> dict:
             "attention_mask": sft_utils.make_causal_attn_mask(pad_mask)}
 
 
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
-
-def run_row(row: str, args) -> dict:
+def run_row(row: str, args) -> None:
     cfg = smollm2_135m_config()
     model = llama3_lib.Llama3(cfg, rngs=nnx.Rngs(args.seed))
     dtypes = {x.dtype for x in jax.tree.leaves(nnx.state(model, nnx.Param))}
@@ -103,26 +98,14 @@ def run_row(row: str, args) -> dict:
         assert np.isfinite(loss), loss
         return dt, loss
 
-    first, loss0 = one()
-    times = [one()[0] for _ in range(max(1, args.repeats))]
-    med = statistics.median(times)
-    return {"impl": "tunix", "row": row, "first_s": round(first, 4), "median_s": round(med, 4),
-            "tokens_per_s": round(args.batch * args.seq_len / med, 2),
-            "peak_rss_mb": round(peak_rss_mb(), 1), "first_loss": round(loss0, 4)}
+    first, med, loss0 = first_and_median(one, args.repeats)
+    emit_train("tunix", row, args, first, med, loss0)
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", default="sft,lora")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
-    for row in [r.strip() for r in args.rows.split(",") if r.strip()]:
-        if row not in ("sft", "lora"):
-            ap.error(f"unknown row {row!r}; choose from sft, lora")
-        print(json.dumps(run_row(row, args)), flush=True)
+    args = train_args(__doc__.splitlines()[0])
+    for row in args.rows:
+        run_row(row, args)
 
 
 if __name__ == "__main__":

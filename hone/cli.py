@@ -58,7 +58,7 @@ def cmd_demo(args) -> int:
 
 
 def cmd_train(args) -> int:
-    """sft, dpo, reward: load the command's config class and run its recipe."""
+    """sft, dpo, reward, grpo, ppo: load the command's config class and run its recipe."""
     from hone.config import COMMANDS, load_config
     from hone.train.loop import Interrupted
     cfg = load_config(COMMANDS[args.command], args.config, args.overrides)
@@ -66,6 +66,10 @@ def cmd_train(args) -> int:
         from hone.recipes.sft import run_sft as run
     elif args.command == "dpo":
         from hone.recipes.dpo import run_dpo as run
+    elif args.command == "grpo":
+        from hone.recipes.grpo import run_grpo as run
+    elif args.command == "ppo":
+        from hone.recipes.ppo import run_ppo as run
     else:
         from hone.recipes.reward import run_reward as run
     try:
@@ -128,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_command(sub, "dpo", cmd_train,
                        "Preference tuning: DPO, IPO, hinge, robust DPO, SimPO or ORPO")
     _add_train_command(sub, "reward", cmd_train, "A reward model trained on preference pairs")
+    _add_train_command(sub, "grpo", cmd_train,
+                       "RL with group advantages: GRPO, Dr.GRPO, DAPO, GSPO, RLOO")
+    _add_train_command(sub, "ppo", cmd_train, "RL with a critic: PPO, GAE, KL-shaped rewards")
 
     exp = sub.add_parser("export", help="write a run's trained model as a Hugging Face folder "
                          "or a PEFT adapter",

@@ -5,12 +5,15 @@ from hone.config.loader import load_config
 from hone.config.schema import (CheckpointSection, DataSection, DPOConfig, DPOSection, LogSection,
                                 LoraSection, MeshSection, ModelSection, RewardConfig,
                                 RewardSection, SFTConfig, TrainConfig, TrainSection)
+from hone.config.rl_schema import GRPOConfig, GRPOSection, PPOConfig, PPOSection, RewardsSection
 from hone.config.yaml_io import dump_yaml, to_dict
 
 # The config class of each training command (also used to read a run folder's config.yaml).
-COMMANDS = {"sft": SFTConfig, "dpo": DPOConfig, "reward": RewardConfig}
+COMMANDS = {"sft": SFTConfig, "dpo": DPOConfig, "reward": RewardConfig, "grpo": GRPOConfig,
+            "ppo": PPOConfig}
 
 __all__ = ["COMMANDS", "CheckpointSection", "DataSection", "DPOConfig", "DPOSection",
+           "GRPOConfig", "GRPOSection", "PPOConfig", "PPOSection", "RewardsSection",
            "LogSection", "LoraSection", "MeshSection", "ModelSection", "RewardConfig",
            "RewardSection", "SFTConfig", "TrainConfig", "TrainSection", "check_fields",
            "dump_yaml", "load_config", "to_dict"]

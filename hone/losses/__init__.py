@@ -2,7 +2,10 @@
 
 from hone.losses.common import masked_mean, token_logprobs
 from hone.losses.preference import dpo_loss, orpo_loss, reward_loss, sequence_logprobs, simpo_loss
+from hone.losses.rl import (gae, grpo_advantages, kl_penalty, policy_loss, policy_loss_denominator,
+                            value_loss, whiten)
 from hone.losses.sft import sft_loss
 
-__all__ = ["dpo_loss", "masked_mean", "orpo_loss", "reward_loss", "sequence_logprobs", "sft_loss",
-           "simpo_loss", "token_logprobs"]
+__all__ = ["dpo_loss", "gae", "grpo_advantages", "kl_penalty", "masked_mean", "orpo_loss",
+           "policy_loss", "policy_loss_denominator", "reward_loss", "sequence_logprobs", "sft_loss",
+           "simpo_loss", "token_logprobs", "value_loss", "whiten"]

@@ -100,5 +100,5 @@ def load_reward_model(folder: str | Path, dtype=jnp.float32) -> RewardModel:
         raise InputError(f"'score.weight' has shape {score.shape}, expected "
                          f"(1, {backbone.config.hidden_size})", path=source.where("score.weight"))
     model = RewardModel(backbone)
-    model.head.kernel.value = jnp.asarray(score.T, dtype)
+    model.head.kernel[...] = jnp.asarray(score.T, dtype)
     return model

@@ -82,11 +82,13 @@ def generate(model, tokenizer, prompts, max_new_tokens: int = 64, temperature: f
              top_k: int | None = None, top_p: float | None = None, seed: int = 0,
              stop: Sequence[str] = (), eos_ids: Sequence[int] | None = None,
              on_step: Callable[[np.ndarray], None] | None = None,
-             cache_dtype=None) -> list[Completion]:
+             cache_dtype=None, min_prompt_bucket: int = 16) -> list[Completion]:
     """Complete each prompt (text, or a list of token ids) with up to max_new_tokens tokens.
 
     temperature 0 is greedy. on_step, if given, is called with the tokens generated so far
     [B, n] after every step (streaming). cache_dtype defaults to the model's parameter dtype.
+    min_prompt_bucket: the smallest padded prompt length; a caller whose prompts have a known
+    maximum (RL) passes it, so every call reuses one compiled shape.
     """
     cfg = model.config
     ids = _check(prompts, tokenizer, max_new_tokens, temperature, top_k, top_p,
@@ -96,7 +98,7 @@ def generate(model, tokenizer, prompts, max_new_tokens: int = 64, temperature: f
     if eos_ids is None:
         eos_ids = tuple(getattr(tokenizer, "eos_ids", ()) or ())
     pad_id = getattr(tokenizer, "pad_id", None) or 0
-    b, p = len(ids), bucket(max(len(x) for x in ids))
+    b, p = len(ids), bucket(max(len(x) for x in ids), minimum=max(16, min_prompt_bucket))
     bb = bucket(b, minimum=1)
     n = bucket(max_new_tokens)
     tokens = np.full((bb, p), pad_id, np.int32)

@@ -37,6 +37,9 @@ class LoopSpec:
     tokens_per_batch: Callable[[dict], int] = lambda batch: 0
     flops_per_token: float = 0.0  # model FLOPs per trained token (for MFU)
     extra_metrics: Callable[[dict], dict] = field(default=lambda m: {})
+    # RL: (state, data batch, step) -> (training batch, host metrics), run before each step
+    # (the rollout: sampling with the current weights, rewards); None for fixed data.
+    prepare: Callable[[dict, dict, int], tuple[dict, dict]] | None = None
 
 
 class _SignalFlag:
@@ -89,12 +92,20 @@ def run_loop(spec: LoopSpec, cfg, run_dir: Path) -> dict[str, Any]:
             step = start
             while step < train.max_steps:
                 batch = spec.data.next()
+                host: dict[str, Any] = {}
+                if spec.prepare is not None:
+                    batch, host = spec.prepare(state, batch, step)
+                    t_update = time.perf_counter()
                 state, metrics = spec.train_step(state, spec.frozen, batch, spec.aux)
+                if spec.prepare is not None:
+                    jax.block_until_ready(state)
+                    host["update_s"] = time.perf_counter() - t_update
                 step += 1
                 window_tokens += spec.tokens_per_batch(batch)
                 row: dict[str, Any] = {}
                 if step % log.every_steps == 0 or step == train.max_steps:
                     row.update(_host(metrics))
+                    row.update(host)
                     seconds = time.perf_counter() - window_t0
                     row["tokens_per_s"] = window_tokens / max(seconds, 1e-9)
                     if log.peak_flops:

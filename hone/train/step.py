@@ -60,6 +60,15 @@ def make_train_step(graphdef, template, loss_fn: LossFn, normalizer_fn: Normaliz
                     accum: int, precision: str = "fp32"):
     """A jitted `step(state, frozen, batch, aux=None) -> (state, metrics)`; batch leaves are
     [B, ...]."""
+    return jax.jit(update_fn(graphdef, template, loss_fn, normalizer_fn, optimizer, schedule,
+                             accum=accum, precision=precision), donate_argnums=(0,))
+
+
+def update_fn(graphdef, template, loss_fn: LossFn, normalizer_fn: NormalizerFn,
+              optimizer: optax.GradientTransformation, schedule: optax.Schedule, *,
+              accum: int, precision: str = "fp32"):
+    """The unjitted `step(state, frozen, batch, aux=None) -> (state, metrics)`: one optimizer
+    update from one batch. RL recipes call it several times inside their own jitted step."""
 
     def micro(params, frozen, mb, normalizer, key, aux):
         model = merge(graphdef, template, params, frozen, precision,
@@ -98,7 +107,7 @@ def make_train_step(graphdef, template, loss_fn: LossFn, normalizer_fn: Normaliz
                        lr=schedule(state["step"]))
         return new_state, metrics
 
-    return jax.jit(step, donate_argnums=(0,))
+    return step
 
 
 def make_eval_step(graphdef, template, loss_fn: LossFn, *, precision: str = "fp32"):

@@ -1,0 +1,199 @@
+"""The configuration of the RL commands: `hone grpo` and `hone ppo`.
+
+Design choices:
+- `train.batch_size` counts completions per step (prompts x group_size), as TRL's generation
+  batch does, so `train.grad_accum` splits completions into micro-batches exactly as in SFT.
+- One step is one rollout (generate, score, compute advantages) followed by
+  `iterations x minibatches` optimizer updates on it; the learning-rate schedule counts updates.
+- Rewards are a fixed, typed section (each built-in with its weight; 0 = off) plus user
+  functions by import path, rather than a free-form list, so every key is checked on load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hone.config.schema import DataSection, TrainConfig
+from hone.errors import InputError
+
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+def _rl_data() -> DataSection:
+    return DataSection(path="builtin:arithmetic-rl", eval_path="builtin:arithmetic-rl-eval",
+                       overlong="drop")
+
+
+@dataclass(frozen=True)
+class RolloutKeys:
+    # Completions sampled per prompt (G); advantages compare the samples of one prompt.
+    group_size: int = field(default=4, metadata={"min": 1})
+    # Prompt tokens after the chat template; longer prompts follow data.overlong
+    # (drop = skip the record, truncate = keep the last tokens).
+    max_prompt_tokens: int = field(default=64, metadata={"min": 1})
+    # Tokens generated per completion (the end-of-sequence token included).
+    max_new_tokens: int = field(default=32, metadata={"min": 1})
+    # Sampling temperature of the rollouts (> 0: RL needs samples, not greedy answers).
+    temperature: float = field(default=1.0, metadata={"gt": 0.0})
+    # Nucleus sampling; None = off.
+    top_p: float | None = field(default=None, metadata={"gt": 0.0, "max": 1.0})
+    # Top-k sampling; None = off.
+    top_k: int | None = field(default=None, metadata={"min": 1})
+    # Wrap each prompt in the tokenizer's chat template as a user message.
+    chat: bool = True
+    # Held-out prompts answered greedily at each evaluation (accuracy, mean reward).
+    eval_prompts: int = field(default=64, metadata={"min": 1})
+
+
+@dataclass(frozen=True)
+class RewardsSection:
+    # Weight of the numeric answer match (1 when the final answer equals the `answer` column).
+    answer_match: float = 1.0
+    # The record field holding the reference answer.
+    answer_column: str = "answer"
+    # Weight of the format reward: 1 when the completion matches format_pattern (re.search).
+    format: float = 0.0
+    # The regular expression of the format reward.
+    format_pattern: str = r"The answer is -?\d+"
+    # Weight of the length penalty: -(tokens beyond length_target) / 100 per completion.
+    length: float = 0.0
+    # Completion tokens allowed before the length penalty starts.
+    length_target: int = field(default=32, metadata={"min": 0})
+    # Weight of DAPO's soft overlong penalty (0 up to max_new_tokens - overlong_cache tokens,
+    # then linear down to -1 at max_new_tokens).
+    overlong: float = 0.0
+    # Tokens of the overlong penalty's linear zone.
+    overlong_cache: int = field(default=8, metadata={"min": 1})
+    # A reward-model folder written by `hone export` of a `hone reward` run; None = none.
+    reward_model: str | None = None
+    # Weight of the reward model's score.
+    reward_model_weight: float = 1.0
+    # User reward functions "package.module:function", called as fn(prompts, completions,
+    # **columns) -> list[float].
+    functions: tuple[str, ...] = ()
+    # Weight of each user function, in order; empty = 1 each.
+    function_weights: tuple[float, ...] = ()
+    # Seconds a reward function may take before its samples get `fallback`.
+    timeout_s: float = field(default=30.0, metadata={"gt": 0.0})
+    # Reward given to samples whose reward function raised, hung or returned junk.
+    fallback: float = 0.0
+
+
+@dataclass(frozen=True)
+class GRPOSection(RolloutKeys):
+    # Advantage scaling: group std, batch std, or none (mean-centred only; Dr.GRPO).
+    scale: str = field(default="group", metadata={"choices": ("group", "batch", "none")})
+    # RLOO: the baseline is the mean of the other samples of the group.
+    leave_one_out: bool = False
+    # Loss aggregation (token-mean = DAPO; seq-mean-token-mean = GRPO paper;
+    # seq-mean-token-sum-norm = Dr.GRPO).
+    loss_agg: str = field(default="token-mean", metadata={"choices": AGGREGATIONS})
+    # Importance ratio per token, or per sequence (GSPO).
+    ratio: str = field(default="token", metadata={"choices": ("token", "sequence")})
+    # Clipping range below 1.
+    clip_eps: float = field(default=0.2, metadata={"gt": 0.0})
+    # Clipping range above 1 (DAPO clip-higher); None = clip_eps.
+    clip_eps_high: float | None = field(default=None, metadata={"gt": 0.0})
+    # KL coefficient; 0 = no reference model is loaded or run.
+    beta: float = field(default=0.0, metadata={"min": 0.0})
+    # KL estimator: k1, k2 or k3.
+    kl_kind: str = field(default="k3", metadata={"choices": ("k1", "k2", "k3")})
+    # The reference: copy of the starting weights, the base with adapters off, or auto.
+    reference: str = field(default="auto", metadata={
+        "choices": ("auto", "copy", "adapters_off")})
+    # Optimisation passes over each rollout (mu); > 1 uses stored old log-probabilities.
+    iterations: int = field(default=1, metadata={"min": 1})
+    # DAPO dynamic sampling: drop groups whose rewards are all equal and refill with new
+    # prompts, up to this many extra generation rounds per step; 0 = off.
+    dynamic_sampling_rounds: int = field(default=0, metadata={"min": 0})
+    # Truncated importance sampling: weight tokens by min(pi_trainer / pi_sampler, cap);
+    # None = off.
+    tis_cap: float | None = field(default=None, metadata={"gt": 0.0})
+
+
+@dataclass(frozen=True)
+class PPOSection(RolloutKeys):
+    # One completion per prompt is classic PPO; more are allowed.
+    group_size: int = field(default=1, metadata={"min": 1})
+    # The critic: a value head on the policy's backbone (shared) or on its own copy.
+    critic: str = field(default="shared", metadata={"choices": ("shared", "separate")})
+    # Initial per-token KL penalty coefficient folded into the reward.
+    kl_coef: float = field(default=0.05, metadata={"min": 0.0})
+    # Adaptive KL controller target (per sequence); None = fixed kl_coef.
+    kl_target: float | None = field(default=None, metadata={"gt": 0.0})
+    # Adaptive controller horizon, in completions.
+    kl_horizon: int = field(default=10000, metadata={"min": 1})
+    # Discount and GAE lambda.
+    gamma: float = field(default=1.0, metadata={"min": 0.0, "max": 1.0})
+    lam: float = field(default=0.95, metadata={"min": 0.0, "max": 1.0})
+    # Normalise advantages over the rollout's completion tokens.
+    whiten_advantages: bool = True
+    # Policy clipping range, and value clipping range around the rollout's values.
+    clip_eps: float = field(default=0.2, metadata={"gt": 0.0})
+    value_clip: float = field(default=0.2, metadata={"gt": 0.0})
+    # Weight of the value loss in the total loss.
+    vf_coef: float = field(default=0.1, metadata={"min": 0.0})
+    # Passes over each rollout, and minibatches (optimizer updates) per pass.
+    epochs: int = field(default=2, metadata={"min": 1})
+    minibatches: int = field(default=1, metadata={"min": 1})
+    # The reference: copy of the starting weights, the base with adapters off, an EMA of the
+    # policy (updated after every step), or auto (adapters_off with LoRA, else copy).
+    reference: str = field(default="auto", metadata={
+        "choices": ("auto", "copy", "adapters_off", "ema")})
+    # EMA reference decay: ref <- decay * ref + (1 - decay) * policy.
+    ema_decay: float = field(default=0.99, metadata={"min": 0.0, "lt": 1.0})
+
+
+class _RLChecks:
+    def _check_rl(self, section: str):
+        s = getattr(self, section)
+        if self.train.batch_size % s.group_size:
+            raise InputError(f"{self.train.batch_size} completions per step are not a whole "
+                             f"number of groups of {section}.group_size ({s.group_size})",
+                             key="train.batch_size")
+        if s.reference == "adapters_off" and self.model.lora.rank == 0:
+            raise InputError("switching adapters off needs adapters: set model.lora.rank > 0, "
+                             f"or {section}.reference to copy", key=f"{section}.reference")
+        w = self.rewards.function_weights
+        if w and len(w) != len(self.rewards.functions):
+            raise InputError(f"{len(w)} weights for {len(self.rewards.functions)} functions",
+                             key="rewards.function_weights")
+
+
+@dataclass(frozen=True)
+class GRPOConfig(TrainConfig, _RLChecks):
+    """`hone grpo`: GRPO and its variants (Dr.GRPO, DAPO, GSPO, RLOO)."""
+
+    # Prompts with reference answers: `prompt` + `answer` (+ any columns rewards read).
+    data: DataSection = field(default_factory=_rl_data)
+    # Rollouts, advantages and the policy loss.
+    grpo: GRPOSection = field(default_factory=GRPOSection)
+    # The reward functions and their weights.
+    rewards: RewardsSection = field(default_factory=RewardsSection)
+
+    def __post_init__(self):
+        super().__post_init__()
+        self._check_rl("grpo")
+        g = self.grpo
+        if g.group_size < 2 and (g.scale == "group" or g.leave_one_out):
+            raise InputError("group advantages need at least 2 samples per prompt",
+                             key="grpo.group_size")
+        if (self.train.batch_size // g.group_size) == 0:
+            raise InputError("no whole group fits in a step", key="train.batch_size")
+
+
+@dataclass(frozen=True)
+class PPOConfig(TrainConfig, _RLChecks):
+    """`hone ppo`: PPO with a critic, GAE and a KL penalty in the reward."""
+
+    data: DataSection = field(default_factory=_rl_data)
+    ppo: PPOSection = field(default_factory=PPOSection)
+    rewards: RewardsSection = field(default_factory=RewardsSection)
+
+    def __post_init__(self):
+        super().__post_init__()
+        self._check_rl("ppo")
+        if self.train.batch_size % (self.ppo.minibatches * self.train.grad_accum):
+            raise InputError(f"{self.train.batch_size} completions do not split into "
+                             f"{self.ppo.minibatches} minibatches of {self.train.grad_accum} "
+                             "micro-batches", key="ppo.minibatches")

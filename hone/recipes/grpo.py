@@ -1,0 +1,150 @@
+"""`hone grpo`: GRPO and its variants (Dr.GRPO, DAPO, GSPO, RLOO) wired from a config.
+
+Each step: draw prompts, sample G completions each with the current weights, score them with the
+reward functions, turn rewards into group advantages, then one jitted program computes what the
+loss needs from the rollout (old log-probabilities when the rollout is reused for several
+iterations, the reference's log-probabilities when beta > 0) and runs the updates.
+
+Design choices:
+- beta = 0 builds no reference at all: no copy of weights, no reference forward pass.
+- With one iteration the old log-probabilities are the trainer's own, detached (ratio 1, as TRL
+  does), so no extra forward pass is spent; with more, they are computed once before the updates.
+- The loss is summed per micro-batch and divided by the whole batch's denominator (tokens,
+  sequences or B * max_new_tokens, per `grpo.loss_agg`), so the micro-batch split never changes
+  the update.
+- The sampler-versus-trainer log-probability gap is measured every step on the trainer's forward
+  pass of the first update (mean absolute and RMS over completion tokens); `grpo.tis_cap` turns
+  on the truncated importance-sampling correction it calls for.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hone.config import GRPOConfig
+from hone.losses import token_logprobs
+from hone.losses.rl import grpo_advantages, policy_loss, policy_loss_denominator
+from hone.models.loading import load_tokenizer
+from hone.recipes.common import open_run
+from hone.recipes.dpo import reference_model
+from hone.recipes.rl_common import (Rollouts, load_prompts, make_rewards, make_rl_eval,
+                                    policy_means, rl_optimizer)
+from hone.recipes.sft import build_model
+from hone.rl.step import chunked, make_rl_step
+from hone.train.loop import LoopSpec, run_loop
+from hone.train.state import flatten, new_train_state, split_model, tree_bytes
+from hone.train.step import merge
+
+
+def reference_mode(cfg, section, needed: bool) -> str | None:
+    """The reference model an RL config asks for (None when the KL term is off)."""
+    if not needed:
+        return None
+    if section.reference == "auto":
+        return "adapters_off" if cfg.model.lora.rank > 0 else "copy"
+    return section.reference
+
+
+def model_logp(model, mb):
+    """Logits [B, L, V] and log-probabilities of the targets [B, L]."""
+    logits = model(mb["tokens"], positions=mb["positions"], attention_mask=mb["attention_mask"])
+    return logits, token_logprobs(logits, mb["targets"])
+
+
+def diagnostics(logits, logp, mb) -> dict:
+    """Entropy of the policy and the sampler-versus-trainer gap, as sums over completion tokens."""
+    mask = mb["loss_mask"]
+    logits = jax.lax.stop_gradient(logits.astype(jnp.float32))
+    lsm = jax.nn.log_softmax(logits, axis=-1)
+    entropy = -jnp.sum(jnp.exp(lsm) * lsm, axis=-1)  # [B, L]
+    gap = (jax.lax.stop_gradient(logp) - mb["sampler_logp"]) * mask
+    return {"entropy_sum": jnp.sum(entropy * mask), "sampler_gap_sum": jnp.sum(jnp.abs(gap)),
+            "sampler_gap_sq_sum": jnp.sum(gap * gap)}
+
+
+def make_grpo_loss(cfg: GRPOConfig):
+    g = cfg.grpo
+
+    def loss_fn(model, mb, normalizer, key, aux):
+        logits, logp = model_logp(model, mb)
+        old = mb["old_logp"] if "old_logp" in mb else jax.lax.stop_gradient(logp)
+        weights = None
+        if g.tis_cap is not None:
+            weights = jnp.minimum(jnp.exp(old - mb["sampler_logp"]), g.tis_cap)
+        loss, metrics = policy_loss(
+            logp, old, mb["advantages"], mb["loss_mask"], clip_eps=g.clip_eps,
+            clip_eps_high=g.clip_eps_high, ref_logp=mb.get("ref_logp"), kl_beta=g.beta,
+            kl_kind=g.kl_kind, agg=g.loss_agg, ratio=g.ratio, max_len=g.max_new_tokens,
+            is_weights=weights, denominator=normalizer)
+        return loss, dict(metrics, **diagnostics(logits, logp, mb))
+
+    return loss_fn
+
+
+def make_prepare(cfg: GRPOConfig, graphdef, template, mode: str | None):
+    """The in-jit scoring of a rollout: old and reference log-probabilities, as needed."""
+    g = cfg.grpo
+    need_old = g.iterations > 1
+    if not need_old and mode is None:
+        return None
+    precision = cfg.train.precision
+
+    def prepare(state, frozen, batch, aux):
+        def score(mb):
+            model = merge(graphdef, template, state["params"], frozen, precision)
+            out = {}
+            if need_old:
+                out["old_logp"] = model_logp(model, mb)[1]
+            if mode is not None:
+                out["ref_logp"] = model_logp(reference_model(model, mode, aux), mb)[1]
+            return jax.lax.stop_gradient(out)
+
+        return dict(batch, **chunked(score, batch, cfg.train.grad_accum)), {}
+
+    return prepare
+
+
+def run_grpo(cfg: GRPOConfig, *, log=print):
+    """Train per cfg; returns (trained model, final train state, evaluate(params) or None)."""
+    g = cfg.grpo
+    tokenizer = load_tokenizer(cfg.model.source)
+    prompts, held_out = load_prompts(cfg, g, tokenizer, log)
+    rewards = make_rewards(cfg, g, prompts, log)
+    model, trainable = build_model(cfg)
+    run_dir = open_run(cfg)
+
+    mode = reference_mode(cfg, g, needed=g.beta > 0)
+    graphdef, params, frozen = split_model(model, trainable)
+    optimizer, schedule = rl_optimizer(cfg.train, g.iterations)
+    state = new_train_state(flatten(params), optimizer, cfg.train.seed)
+    aux = jax.tree.map(jnp.copy, state["params"]) if mode == "copy" else None
+    log(f"reference: {mode or 'none (beta = 0)'} ({tree_bytes(aux) / 2**20:.1f} MiB of extra "
+        "weights)")
+    step = make_rl_step(
+        graphdef, params, make_grpo_loss(cfg),
+        lambda b: policy_loss_denominator(b["loss_mask"], g.loss_agg, max_len=g.max_new_tokens),
+        optimizer, schedule, accum=cfg.train.grad_accum, precision=cfg.train.precision,
+        epochs=g.iterations, prepare=make_prepare(cfg, graphdef, params, mode))
+
+    data_iter = prompts.iterator(cfg.train.batch_size // g.group_size, cfg.train.seed)
+    rollouts = Rollouts(cfg, g, graphdef, params, frozen, tokenizer, prompts, data_iter, rewards)
+
+    def prepare(state, prompt_batch, step_index):
+        rows, total, _, metrics = rollouts.collect(state, prompt_batch, step_index,
+                                                   extra_rounds=g.dynamic_sampling_rounds)
+        adv, _ = grpo_advantages(jnp.asarray(total), g.group_size, scale=g.scale,
+                                 leave_one_out=g.leave_one_out)
+        rows["advantages"] = np.asarray(adv, np.float32)
+        return rows, metrics
+
+    evaluate = make_rl_eval(rollouts, held_out)
+    spec = LoopSpec(
+        train_step=step, state=state, frozen=frozen, aux=aux, data=data_iter, eval_fn=evaluate,
+        prepare=prepare, tokens_per_batch=lambda b: int(np.sum(b["attention_mask"])),
+        flops_per_token=model.config.flops_per_token(g.max_prompt_tokens + g.max_new_tokens),
+        extra_metrics=policy_means)
+    final = run_loop(spec, cfg, run_dir)
+    trained = rollouts.policy(final["params"])
+    return trained, final, evaluate

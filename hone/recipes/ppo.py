@@ -1,0 +1,176 @@
+"""`hone ppo`: PPO with a critic, a per-token KL penalty in the reward, and GAE.
+
+Each step: sample completions with the current policy, score each with the reward functions
+(the score lands on the completion's last token), then one jitted program
+1. runs the policy, critic and reference over the rollout without gradients: old log-probs,
+   old values, reference log-probs;
+2. shapes the per-token reward r_t = -kl_coef * (logp_old - logp_ref)_t (+ the score at the last
+   token), computes GAE advantages and returns, and whitens the advantages over the rollout;
+3. runs `epochs x minibatches` clipped updates of policy loss + vf_coef * clipped value loss;
+4. updates the adaptive KL coefficient (Ziegler et al.: kl_coef *= 1 + clip(KL/target - 1,
+   -0.2, 0.2) * B / horizon) and the EMA reference, both part of the checkpointed state.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from hone.config import PPOConfig
+from hone.losses import token_logprobs
+from hone.losses.rl import gae, policy_loss, value_loss, whiten
+from hone.models.loading import load_tokenizer
+from hone.recipes.common import open_run
+from hone.recipes.grpo import reference_mode
+from hone.recipes.rl_common import (Rollouts, load_prompts, make_rewards, make_rl_eval,
+                                    policy_means, rl_optimizer)
+from hone.recipes.sft import build_model
+from hone.rl.critic import ActorCritic, build_actor_critic, policy_reference
+from hone.rl.step import chunked, make_rl_step
+from hone.train.loop import LoopSpec, run_loop
+from hone.train.state import flatten, new_train_state, split_model, tree_bytes, unflatten
+from hone.train.step import merge
+
+_POLICY = "policy/"
+
+
+def policy_part(flat: dict) -> dict:
+    """The policy's entries of a flat parameter dict, keyed relative to the policy."""
+    return {k[len(_POLICY):]: v for k, v in flat.items() if k.startswith(_POLICY)}
+
+
+def last_token(mask: jax.Array) -> jax.Array:
+    """1 at the last completion token of each row of a [B, L] mask."""
+    nxt = jnp.concatenate([mask[:, 1:], jnp.zeros_like(mask[:, :1])], axis=1)
+    return mask * (1.0 - nxt)
+
+
+def make_ppo_loss(cfg: PPOConfig):
+    p = cfg.ppo
+
+    def loss_fn(model: ActorCritic, mb, normalizer, key, aux):
+        logits, values = model(mb["tokens"], mb["positions"], mb["attention_mask"])
+        logp = token_logprobs(logits, mb["targets"])
+        mask = mb["loss_mask"]
+        pl, pm = policy_loss(logp, mb["old_logp"], mb["advantages"], mask, clip_eps=p.clip_eps,
+                             agg="token-mean", denominator=normalizer)
+        vl, vm = value_loss(values, mb["old_values"], mb["returns"], mask, clip=p.value_clip,
+                            denominator=normalizer)
+        lsm = jax.nn.log_softmax(jax.lax.stop_gradient(logits).astype(jnp.float32), axis=-1)
+        entropy = -jnp.sum(jnp.exp(lsm) * lsm, axis=-1)
+        gap = (jax.lax.stop_gradient(logp) - mb["sampler_logp"]) * mask
+        metrics = dict(pm, value_clipped_sum=vm["value_clipped_sum"],
+                       policy_loss=jax.lax.stop_gradient(pl),
+                       value_loss=jax.lax.stop_gradient(vl),
+                       entropy_sum=jnp.sum(entropy * mask),
+                       sampler_gap_sum=jnp.sum(jnp.abs(gap)), sampler_gap_sq_sum=jnp.sum(gap * gap))
+        return pl + p.vf_coef * vl, metrics
+
+    return loss_fn
+
+
+def make_prepare(cfg: PPOConfig, graphdef, template, policy_trainable, mode: str):
+    p, precision = cfg.ppo, cfg.train.precision
+
+    def prepare(state, frozen, batch, aux):
+        ref_params = {"copy": aux, "ema": state.get("ema"), "adapters_off": None,
+                      None: None}[mode]
+
+        def score(mb):
+            model = merge(graphdef, template, state["params"], frozen, precision)
+            logits, values = model(mb["tokens"], mb["positions"], mb["attention_mask"])
+            out = {"old_logp": token_logprobs(logits, mb["targets"]), "old_values": values}
+            if mode is None:  # no KL term: no reference forward pass
+                out["ref_logp"] = out["old_logp"]
+            else:
+                ref = policy_reference(model, policy_trainable, ref_params)
+                ref_logits = ref(mb["tokens"], positions=mb["positions"],
+                                 attention_mask=mb["attention_mask"])
+                out["ref_logp"] = token_logprobs(ref_logits, mb["targets"])
+            return jax.lax.stop_gradient(out)
+
+        out = chunked(score, batch, cfg.train.grad_accum)
+        mask = batch["loss_mask"]
+        kl = (out["old_logp"] - out["ref_logp"]) * mask  # [B, L]
+        rewards = -state["kl_coef"] * kl + last_token(mask) * batch["scores"][:, None]
+        adv, returns = gae(rewards, out["old_values"], mask, gamma=p.gamma, lam=p.lam)
+        if p.whiten_advantages:
+            adv = whiten(adv, mask) * mask
+        rows = jnp.maximum(jnp.sum(jnp.any(mask > 0, axis=1)), 1)
+        metrics = {"kl_seq": jnp.sum(kl) / rows, "kl_coef": state["kl_coef"],
+                   "score_mean": jnp.mean(batch["scores"]),
+                   "value_mean": jnp.sum(out["old_values"] * mask) / jnp.maximum(jnp.sum(mask), 1),
+                   "return_mean": jnp.sum(returns * mask) / jnp.maximum(jnp.sum(mask), 1)}
+        return dict(batch, **out, advantages=adv, returns=returns), metrics
+
+    def finish(state, batch, metrics):
+        if p.kl_target is not None:
+            error = jnp.clip(metrics["kl_seq"] / p.kl_target - 1.0, -0.2, 0.2)
+            n = batch["tokens"].shape[0]
+            state = dict(state, kl_coef=state["kl_coef"] * (1.0 + error * n / p.kl_horizon))
+        if mode == "ema":
+            d = p.ema_decay
+            policy = policy_part(state["params"])
+            state = dict(state, ema={k: d * v + (1.0 - d) * policy[k]
+                                     for k, v in state["ema"].items()})
+        return state
+
+    return prepare, finish
+
+
+def run_ppo(cfg: PPOConfig, *, log=print):
+    """Train per cfg; returns (trained ActorCritic, final train state, evaluate(params) or None)."""
+    from hone.models.lora import LoRAParam
+    p = cfg.ppo
+    tokenizer = load_tokenizer(cfg.model.source)
+    prompts, held_out = load_prompts(cfg, p, tokenizer, log)
+    rewards = make_rewards(cfg, p, prompts, log)
+    policy, policy_trainable = build_model(cfg)
+    model = build_actor_critic(policy, p.critic, cfg.train.seed)
+    trainable = (nnx.Any(LoRAParam, nnx.PathContains("value_head"))
+                 if policy_trainable is LoRAParam else nnx.Param)
+    run_dir = open_run(cfg)
+
+    mode = reference_mode(cfg, p, needed=p.kl_coef > 0 or p.kl_target is not None)
+    graphdef, params, frozen = split_model(model, trainable)
+    optimizer, schedule = rl_optimizer(cfg.train, p.epochs * p.minibatches)
+    state = new_train_state(flatten(params), optimizer, cfg.train.seed)
+    state["kl_coef"] = jnp.float32(p.kl_coef)
+    start = {k: jnp.copy(v) for k, v in policy_part(state["params"]).items()}
+    aux = start if mode == "copy" else None
+    if mode == "ema":
+        state["ema"] = start
+    extra = tree_bytes(start) if mode in ("copy", "ema") else 0
+    log(f"reference: {mode or 'none (no KL term)'} ({extra / 2**20:.1f} MiB of extra weights); "
+        f"critic: {p.critic}")
+    prepare_fn, finish_fn = make_prepare(cfg, graphdef, params, policy_trainable, mode)
+    step = make_rl_step(
+        graphdef, params, make_ppo_loss(cfg),
+        lambda b: jnp.maximum(jnp.sum(b["loss_mask"]), 1.0), optimizer, schedule,
+        accum=cfg.train.grad_accum, precision=cfg.train.precision, epochs=p.epochs,
+        minibatches=p.minibatches, prepare=prepare_fn, finish=finish_fn)
+
+    data_iter = prompts.iterator(cfg.train.batch_size // p.group_size, cfg.train.seed)
+    # The sampler sees only the policy: its graph, its trainable weights and its frozen rest.
+    pol_graphdef, pol_params, pol_frozen = split_model(policy, policy_trainable)
+    rollouts = Rollouts(cfg, p, pol_graphdef, pol_params, pol_frozen, tokenizer, prompts,
+                        data_iter, rewards)
+
+    def prepare(state, prompt_batch, step_index):
+        rows, total, _, metrics = rollouts.collect({"params": policy_part(state["params"])},
+                                                   prompt_batch, step_index)
+        rows["scores"] = np.asarray(total, np.float32)
+        return rows, metrics
+
+    evaluate = make_rl_eval(rollouts, held_out)
+    spec = LoopSpec(
+        train_step=step, state=state, frozen=frozen, aux=aux, data=data_iter,
+        eval_fn=None if evaluate is None else (lambda params: evaluate(policy_part(params))),
+        prepare=prepare, tokens_per_batch=lambda b: int(np.sum(b["attention_mask"])),
+        flops_per_token=model.config.flops_per_token(p.max_prompt_tokens + p.max_new_tokens),
+        extra_metrics=policy_means)
+    final = run_loop(spec, cfg, run_dir)
+    trained = nnx.merge(graphdef, unflatten(params, final["params"]), frozen)
+    return trained, final, evaluate

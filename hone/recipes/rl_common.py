@@ -1,0 +1,221 @@
+"""What `hone grpo` and `hone ppo` share: prompt data, reward functions from the config, the
+host side of a rollout (sample, score, refill), held-out evaluation and the metric means.
+
+The rollout runs between steps, outside jit: `Rollouts.collect(state, prompt_batch, step)`
+builds the policy from the state's current weights (no copy), samples G completions per prompt,
+scores them with the reward functions and returns the training rows plus rollout metrics.
+DAPO dynamic sampling draws further prompt batches from the same iterator (whose position is in
+the checkpoint) until the batch holds enough groups whose rewards differ.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from flax import nnx
+
+from hone.datasets.arithmetic import is_correct
+from hone.errors import InputError
+from hone.rl.prompts import PromptData
+from hone.rl.rollout import Samples, completion_stats, pack_rows, sample, step_seed
+from hone.train.state import unflatten
+
+
+def make_rewards(cfg, section, prompts: PromptData, log):
+    """The config's reward functions, checked against the columns the prompts carry."""
+    from hone.rl.rewards import build_rewards
+    specs = reward_specs(cfg.rewards, section.max_new_tokens)
+    if not specs:
+        raise InputError("every reward weight is 0: there is nothing to learn from",
+                         key="rewards")
+    rewards = build_rewards(specs, timeout_s=cfg.rewards.timeout_s,
+                            fallback=cfg.rewards.fallback, log=log)
+    rewards.check_columns(list(prompts.columns))
+    return rewards
+
+
+def rl_optimizer(train, updates_per_step: int):
+    """The optimizer with its schedule counted in updates (several per RL step)."""
+    from dataclasses import replace
+
+    from hone.train.optimizer import build_optimizer
+    return build_optimizer(replace(train, max_steps=train.max_steps * updates_per_step,
+                                   warmup_steps=train.warmup_steps * updates_per_step))
+
+
+def load_prompts(cfg, section, tokenizer, log):
+    """(training prompts, held-out prompts or None)."""
+    d = cfg.data
+    kw = dict(max_prompt_tokens=section.max_prompt_tokens, chat=section.chat,
+              overlong=d.overlong)
+    train = PromptData(d.path, tokenizer, max_records=d.max_records, **kw)
+    log(f"data: {train.describe()}")
+    held_out = None
+    if d.eval_path:
+        held_out = PromptData(d.eval_path, tokenizer, max_records=section.eval_prompts, **kw)
+        log(f"eval data: {held_out.describe()}")
+    return train, held_out
+
+
+def reward_specs(section, max_new_tokens: int) -> list[dict]:
+    """The weighted reward-function specs (`hone.rl.rewards.build_rewards`) of a `rewards:`
+    section."""
+    r = section
+    specs: list[dict] = []
+    if r.answer_match:
+        specs.append({"name": "answer_match", "weight": r.answer_match,
+                      "column": r.answer_column})
+    if r.format:
+        specs.append({"name": "format", "weight": r.format, "pattern": r.format_pattern})
+    if r.length:
+        specs.append({"name": "length", "weight": r.length, "target_tokens": r.length_target,
+                      "per_token": -0.01})
+    if r.overlong:
+        specs.append({"name": "overlong", "weight": r.overlong, "max_tokens": max_new_tokens,
+                      "cache_tokens": r.overlong_cache})
+    if r.reward_model:
+        specs.append({"name": "reward_model", "weight": r.reward_model_weight,
+                      "path": r.reward_model})
+    weights = r.function_weights or (1.0,) * len(r.functions)
+    for fn, w in zip(r.functions, weights):
+        specs.append({"name": fn, "weight": w})
+    return specs
+
+
+class Rollouts:
+    """Host side of a rollout: policy weights -> scored, laid-out training rows."""
+
+    def __init__(self, cfg, section, graphdef, template, frozen, tokenizer, prompts, data_iter,
+                 rewards):
+        self.cfg, self.s = cfg, section
+        self.graphdef, self.template, self.frozen = graphdef, template, frozen
+        self.tokenizer, self.prompts, self.data_iter = tokenizer, prompts, data_iter
+        self.rewards = rewards
+        self.groups = cfg.train.batch_size // section.group_size
+
+    def policy(self, params):
+        """The policy module over the given weights (shared buffers, no copy)."""
+        return nnx.merge(self.graphdef, unflatten(self.template, params), self.frozen)
+
+    def _draw(self, model, indices, step: int, round_: int) -> tuple[Samples, object]:
+        s = self.s
+        ids, texts, columns = self.prompts.select(indices)
+        samples = sample(model, self.tokenizer, ids, texts, columns, group_size=s.group_size,
+                         max_new_tokens=s.max_new_tokens, temperature=s.temperature,
+                         top_k=s.top_k, top_p=s.top_p, prompt_bucket=s.max_prompt_tokens,
+                         seed=step_seed(self.cfg.train.seed, step, round_))
+        return samples, self.score(samples)
+
+    def score(self, samples: Samples):
+        return self.rewards(samples.prompt_texts, samples.texts, samples.columns,
+                            samples.lengths)
+
+    def collect(self, state, prompt_batch, step: int, extra_rounds: int = 0):
+        """(rows, per-sequence rewards [B], metrics) for this step's rollout."""
+        t0 = time.perf_counter()
+        model = self.policy(state["params"])
+        g, need = self.s.group_size, self.groups
+        samples, result = self._draw(model, prompt_batch["tokens"][:, 0], step, 0)
+        first_zero = _zero_std_groups(result.total, g)
+        parts, kept, spare, rounds = [(samples, result)], [], [], 0
+        if extra_rounds:
+            while True:
+                s_, r_ = parts[-1]
+                zero = _zero_std_groups(r_.total, g)
+                kept += [(len(parts) - 1, k) for k in range(len(zero)) if not zero[k]]
+                spare += [(len(parts) - 1, k) for k in range(len(zero)) if zero[k]]
+                if len(kept) >= need or rounds >= extra_rounds:
+                    break
+                rounds += 1
+                parts.append(self._draw(model, self.data_iter.next()["tokens"][:, 0], step,
+                                        rounds))
+            chosen = (kept + spare)[:need]
+            samples = Samples.concat([parts[p][0].take_groups([k]) for p, k in chosen])
+            result = _concat_results([_take(parts[p][1], k, g) for p, k in chosen])
+        rows = pack_rows(samples, self.s.max_prompt_tokens, self.s.max_new_tokens,
+                         self.tokenizer.pad_id)
+        metrics = self.metrics(samples, result)
+        if g > 1:
+            metrics.update(zero_std_fraction=float(np.mean(first_zero)),
+                           refill_rounds=float(rounds))
+        metrics["rollout_s"] = time.perf_counter() - t0
+        return rows, result.total, samples, metrics
+
+    def metrics(self, samples: Samples, result) -> dict[str, float]:
+        m = {"reward_mean": float(np.mean(result.total)),
+             "reward_std": float(np.std(result.total))}
+        for name, values in result.per_function.items():
+            m[f"reward/{name}"] = float(np.mean(values))
+        for name, count in result.events.items():
+            m[f"events/{name}"] = float(count)
+        answers = samples.columns.get(self.cfg.rewards.answer_column)
+        if answers is not None:
+            m["accuracy"] = float(np.mean([is_correct(t, a)
+                                           for t, a in zip(samples.texts, answers)]))
+        m.update(completion_stats(samples, self.s.max_new_tokens))
+        return m
+
+
+def _zero_std_groups(total, g: int) -> np.ndarray:
+    groups = np.asarray(total, np.float64).reshape(-1, g)
+    return np.all(groups == groups[:, :1], axis=1)
+
+
+def _take(result, k: int, g: int):
+    from hone.rl.rewards import RewardResult
+    sl = slice(k * g, (k + 1) * g)
+    return RewardResult(total=np.asarray(result.total)[sl],
+                        per_function={n: np.asarray(v)[sl] for n, v in
+                                      result.per_function.items()},
+                        events=dict(result.events))
+
+
+def _concat_results(results):
+    from hone.rl.rewards import RewardResult
+    events: dict[str, int] = {}
+    for r in results[:1]:  # events belong to the rounds, not to groups: count them once
+        events.update(r.events)
+    return RewardResult(total=np.concatenate([r.total for r in results]),
+                        per_function={n: np.concatenate([r.per_function[n] for r in results])
+                                      for n in results[0].per_function},
+                        events=events)
+
+
+def make_rl_eval(rollouts: Rollouts, held_out: PromptData | None):
+    """params -> {"eval_accuracy", "eval_reward", "eval_completion_len"} on the held-out prompts,
+    answered greedily."""
+    if held_out is None:
+        return None
+    from hone.sampling.generate import generate
+
+    def evaluate(params) -> dict:
+        model = rollouts.policy(params)
+        outs = generate(model, rollouts.tokenizer, held_out.ids,
+                        max_new_tokens=rollouts.s.max_new_tokens, temperature=0.0,
+                        min_prompt_bucket=rollouts.s.max_prompt_tokens)
+        samples = Samples(held_out.ids, held_out.texts, outs, held_out.columns, 1)
+        result = rollouts.score(samples)
+        m = rollouts.metrics(samples, result)
+        out = {"eval_reward": m["reward_mean"], "eval_completion_len": m["completion_len_mean"]}
+        if "accuracy" in m:
+            out["eval_accuracy"] = m["accuracy"]
+        return out
+
+    return evaluate
+
+
+def policy_means(row: dict) -> dict:
+    """Per-token means of the summed policy-loss metrics of a logged row."""
+    tokens = max(float(row.get("tokens", 0.0)), 1.0)
+    out = {}
+    for name, key in (("clip_fraction", "clipped_sum"), ("clip_low_fraction", "clipped_low_sum"),
+                      ("clip_high_fraction", "clipped_high_sum"), ("ratio_mean", "ratio_sum"),
+                      ("kl", "kl_sum"), ("entropy", "entropy_sum"),
+                      ("sampler_gap", "sampler_gap_sum"),
+                      ("value_clip_fraction", "value_clipped_sum")):
+        if key in row:
+            out[name] = row[key] / tokens
+    if "sampler_gap_sq_sum" in row:
+        out["sampler_gap_rms"] = float(np.sqrt(row["sampler_gap_sq_sum"] / tokens))
+    return out

@@ -1,0 +1,1 @@
+"""Reinforcement learning: rewards, rollouts, and the GRPO and PPO recipes' building blocks."""

@@ -1,0 +1,65 @@
+"""PPO's model: the policy plus a value head, on the policy's own backbone or on a separate one.
+
+`ActorCritic(policy, critic=None)(tokens, positions, attention_mask) -> (logits [B, L, V],
+values [B, L])`. values[:, t] is the critic's estimate for the state "tokens up to t", the state
+in which targets[t] is chosen, so it lines up with the log-probability of targets[t].
+
+Design choices:
+- Shared (critic=None): one backbone pass feeds both the LM head and the value head, the cheap
+  option (TRL calls it a value head model).
+- Separate: a second backbone, initialised as a copy of the policy's (with its own adapters when
+  training LoRA), so the value loss cannot pull on the policy's features.
+- The value head is a [D, 1] `Linear` with logical names (embed, score) like the reward head.
+- The policy stays a plain `Transformer` attribute, so the sampler and `hone export` use it as is.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from hone.models.linear import Linear
+from hone.models.transformer import Transformer
+
+
+class ActorCritic(nnx.Module):
+    def __init__(self, policy: Transformer, critic: Transformer | None = None, *,
+                 rngs: nnx.Rngs | None = None):
+        rngs = rngs if rngs is not None else nnx.Rngs(0)
+        self.policy = policy
+        self.critic = critic
+        self.config = policy.config
+        dtype = policy.embedder.embedding[...].dtype
+        self.value_head = Linear((self.config.hidden_size,), (1,), ("embed", "score"), dtype,
+                                 rngs)
+        # Values start at 0: a random head would add noise of the hidden states' scale to
+        # every advantage of the first steps.
+        self.value_head.kernel[...] = jnp.zeros_like(self.value_head.kernel[...])
+
+    def __call__(self, tokens: jax.Array, positions: jax.Array | None = None,
+                 attention_mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+        hidden = self.policy.hidden(tokens, positions, attention_mask)  # [B, L, D]
+        logits = self.policy.logits_from_hidden(hidden)  # [B, L, V]
+        if self.critic is not None:
+            hidden = self.critic.hidden(tokens, positions, attention_mask)
+        values = self.value_head(hidden)[..., 0].astype(jnp.float32)  # [B, L]
+        return logits, values
+
+
+def build_actor_critic(policy: Transformer, critic: str, seed: int) -> ActorCritic:
+    """`critic` "shared" or "separate" (a copy of the policy's backbone, adapters included)."""
+    other = nnx.clone(policy) if critic == "separate" else None
+    return ActorCritic(policy, other, rngs=nnx.Rngs(seed))
+
+
+def policy_reference(model: ActorCritic, trainable, ref_params: dict | None):
+    """The reference policy: `model.policy` with its trainable weights replaced by `ref_params`
+    (flat "/"-keyed, relative to the policy), or zeroed (adapters off) when None."""
+    from hone.train.state import unflatten
+    graphdef, params, rest = nnx.split(model.policy, trainable, ...)
+    if ref_params is None:
+        params = jax.tree.map(jnp.zeros_like, params)
+    else:
+        params = unflatten(params, ref_params)
+    return nnx.merge(graphdef, params, rest)

@@ -1,0 +1,122 @@
+"""Rollouts: sample G completions per prompt from the current policy and lay prompt + completion
+out as fixed-shape training rows.
+
+Row layout ([B, L] with L = max_prompt_tokens + max_new_tokens, B = prompts x G, group-major:
+rows g*G .. g*G+G-1 are the samples of prompt g):
+
+    tokens          prompt left-padded to P = max_prompt_tokens, completion from slot P on,
+                    then padding
+    attention_mask  1 on prompt and completion tokens
+    positions       0, 1, ... over the real tokens
+    targets         tokens shifted left by one (the token each position predicts)
+    loss_mask       1 where targets[t] is a completion token (t = P-1 ... P+len-2)
+    sampler_logp    the sampler's log-probability of targets[t] (0 elsewhere)
+
+Design choices:
+- The sampler reads the policy's weights as jit arguments (`hone.generate`), so each step's new
+  weights reach it without recompiling and without a copy.
+- Log-probabilities on both sides are the model's own distribution (temperature 1, no top-k or
+  top-p): the sampler-versus-trainer gap then measures only numerics (KV-cache decode versus a
+  full forward pass, precision), which is what truncated importance sampling corrects.
+- Every shape is static (P, M, B fixed by the config), so the train step compiles once.
+- The sampler's seed is a function of the run seed and the step, so a resumed run draws the
+  same samples an uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hone.sampling.generate import Completion, generate
+
+
+def step_seed(seed: int, step: int, round_: int = 0) -> int:
+    """The sampler seed of one generation round of one step (deterministic, so resumable)."""
+    return (seed * 1_000_003 + step * 101 + round_) % (2**31 - 1)
+
+
+@dataclass
+class Samples:
+    """One rollout's completions, group-major, before scoring."""
+
+    prompt_ids: list[list[int]]  # [B] prompt token ids (each prompt repeated G times)
+    prompt_texts: list[str]
+    completions: list[Completion]
+    columns: dict[str, list]  # reward columns, aligned with the rows
+    group_size: int
+
+    @property
+    def texts(self) -> list[str]:
+        return [c.text or "" for c in self.completions]
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(c.tokens) for c in self.completions]
+
+    def take_groups(self, groups: list[int]) -> Samples:
+        """The samples of the given groups, in that order."""
+        g = self.group_size
+        rows = [r for k in groups for r in range(k * g, (k + 1) * g)]
+        return Samples([self.prompt_ids[r] for r in rows], [self.prompt_texts[r] for r in rows],
+                       [self.completions[r] for r in rows],
+                       {k: [v[r] for r in rows] for k, v in self.columns.items()}, g)
+
+    @staticmethod
+    def concat(parts: list[Samples]) -> Samples:
+        first = parts[0]
+        return Samples([x for p in parts for x in p.prompt_ids],
+                       [x for p in parts for x in p.prompt_texts],
+                       [x for p in parts for x in p.completions],
+                       {k: [x for p in parts for x in p.columns[k]] for k in first.columns},
+                       first.group_size)
+
+
+def sample(model, tokenizer, prompt_ids: list[list[int]], prompt_texts: list[str],
+           columns: dict[str, list], *, group_size: int, max_new_tokens: int,
+           temperature: float, top_k: int | None, top_p: float | None, seed: int,
+           prompt_bucket: int | None = None) -> Samples:
+    """G completions of each prompt from `model` (its current weights). prompt_bucket: pad
+    prompts to at least this many tokens (max_prompt_tokens: one compiled shape per run)."""
+    g = group_size
+    ids = [p for p in prompt_ids for _ in range(g)]
+    outs = generate(model, tokenizer, ids, max_new_tokens=max_new_tokens,
+                    temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                    min_prompt_bucket=max(len(x) for x in prompt_ids) if prompt_bucket is None
+                    else prompt_bucket)
+    return Samples(ids, [t for t in prompt_texts for _ in range(g)], outs,
+                   {k: [x for x in v for _ in range(g)] for k, v in columns.items()}, g)
+
+
+def pack_rows(samples: Samples, prompt_tokens: int, new_tokens: int,
+              pad_id: int) -> dict[str, np.ndarray]:
+    """The [B, L] training rows of a rollout (layout in the module docstring)."""
+    b, p = len(samples.completions), prompt_tokens
+    length = p + new_tokens
+    tokens = np.full((b, length), pad_id, np.int32)
+    mask = np.zeros((b, length), np.int32)
+    loss_mask = np.zeros((b, length), np.float32)
+    sampler_logp = np.zeros((b, length), np.float32)
+    for r, (prompt, out) in enumerate(zip(samples.prompt_ids, samples.completions)):
+        c = len(out.tokens)
+        tokens[r, p - len(prompt):p] = prompt
+        tokens[r, p:p + c] = out.tokens
+        mask[r, p - len(prompt):p + c] = 1
+        loss_mask[r, p - 1:p - 1 + c] = 1.0
+        sampler_logp[r, p - 1:p - 1 + c] = out.logprobs
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int32)
+    targets = np.concatenate([tokens[:, 1:], np.full((b, 1), pad_id, np.int32)], axis=1)
+    return {"tokens": tokens, "attention_mask": mask, "positions": positions,
+            "targets": targets, "loss_mask": loss_mask, "sampler_logp": sampler_logp}
+
+
+def completion_stats(samples: Samples, new_tokens: int) -> dict[str, float]:
+    """Completion lengths (tokens) and the share that hit the token limit."""
+    lengths = np.asarray(samples.lengths, np.float32)
+    truncated = [c.finish_reason == "length" for c in samples.completions]
+    return {"completion_len_mean": float(lengths.mean()),
+            "completion_len_max": float(lengths.max()),
+            "completion_len_min": float(lengths.min()),
+            "truncated_fraction": float(np.mean(truncated)),
+            "token_limit": float(new_tokens)}

@@ -1,0 +1,162 @@
+"""`hone grpo` and `hone ppo` on the tiny preset: they learn, the micro-batch split never changes
+the update, beta = 0 runs no reference, dynamic sampling refills, and a run stopped by SIGTERM
+resumes exactly (the sampler's seeds included)."""
+
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import rl_toy_rewards
+from hone.config import GRPOConfig, PPOConfig, load_config
+from hone.models.config import PRESETS
+from hone.models.transformer import Transformer
+from hone.recipes.grpo import make_grpo_loss, make_prepare, run_grpo
+from hone.recipes.ppo import run_ppo
+from hone.losses.rl import policy_loss_denominator
+from hone.rl.step import make_rl_step
+from hone.train.loop import Interrupted
+from hone.train.state import flatten, new_train_state, split_model
+
+ROOT = Path(__file__).resolve().parents[2]
+QUIET = dict(log=lambda s: None)
+
+
+def config(cls, name, run_dir, *overrides):
+    return load_config(cls, str(ROOT / f"configs/tiny/{name}.yaml"),
+                       [f"run_dir={run_dir}", "log.sinks=[jsonl]", *overrides])
+
+
+def rows(run_dir) -> list[dict]:
+    return [json.loads(l) for l in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_tiny_grpo_learns_the_length_reward(tmp_path):
+    cfg = config(GRPOConfig, "grpo", tmp_path, "train.max_steps=12", "train.eval_every=12")
+    _, state, evaluate = run_grpo(cfg, **QUIET)
+    m = rows(tmp_path)
+    assert len(m) == 12 and int(state["step"]) == 12
+    first, last = m[0], m[-1]
+    # A random model writes all 16 tokens; the length penalty teaches it to stop early.
+    assert first["completion_len_mean"] > 14
+    assert last["eval_completion_len"] < 8 and last["eval_reward"] > -0.1
+    # fp32 sampler and trainer compute the same log-probabilities.
+    assert max(r["sampler_gap"] for r in m) < 1e-5
+    assert all(k in last for k in ("clip_fraction", "entropy", "kl", "reward/length",
+                                   "zero_std_fraction", "rollout_s", "update_s"))
+
+
+def test_beta_zero_builds_and_runs_no_reference(tmp_path):
+    lines = []
+    cfg = config(GRPOConfig, "grpo", tmp_path, "train.max_steps=1", "grpo.beta=0.0",
+                 "data.eval_path=null")
+    assert make_prepare(cfg, None, None, None) is None  # no reference forward in the step
+    run_grpo(cfg, log=lines.append)
+    assert any("reference: none" in l and "0.0 MiB" in l for l in lines)
+    assert "kl" not in rows(tmp_path)[0]
+
+
+def _synthetic_rollout(rng, b=8, length=24, prompt=8):
+    tokens = rng.integers(3, 200, (b, length)).astype(np.int32)
+    lens = rng.integers(1, length - prompt, b)
+    mask = np.zeros((b, length), np.int32)
+    loss_mask = np.zeros((b, length), np.float32)
+    for r, n in enumerate(lens):
+        mask[r, :prompt + n] = 1
+        loss_mask[r, prompt - 1:prompt - 1 + n] = 1
+    return {"tokens": tokens, "attention_mask": mask,
+            "positions": np.maximum(np.cumsum(mask, 1) - 1, 0).astype(np.int32),
+            "targets": np.concatenate([tokens[:, 1:], tokens[:, :1]], 1),
+            "loss_mask": loss_mask, "sampler_logp": np.zeros((b, length), np.float32),
+            "advantages": rng.normal(size=b).astype(np.float32)}
+
+
+@pytest.mark.parametrize("agg,ratio,iterations", [
+    ("token-mean", "token", 1), ("seq-mean-token-mean", "token", 1),
+    ("seq-mean-token-sum-norm", "token", 1), ("token-mean", "sequence", 2)])
+def test_update_does_not_depend_on_the_micro_batch_split(agg, ratio, iterations):
+    # iterations=2 makes the step compute and store old log-probabilities before updating
+    # (one update here: the second would start from SGD-scaled weights).
+    batch = _synthetic_rollout(np.random.default_rng(0))
+    updated = []
+    for accum in (1, 4):
+        cfg = load_config(GRPOConfig, None, [
+            f"grpo.loss_agg={agg}", f"grpo.ratio={ratio}", f"grpo.iterations={iterations}",
+            "grpo.beta=0.1", "grpo.max_new_tokens=16", "grpo.clip_eps=0.1",
+            "train.batch_size=8", f"train.grad_accum={accum}"])
+        model = Transformer(PRESETS["tiny"], rngs=nnx.Rngs(0))
+        graphdef, params, frozen = split_model(model, nnx.Param)
+        # Plain SGD: the update is the gradient, scaled so far above the weights that the
+        # float32 sum weight + update keeps the update's own precision. (Adam divides each
+        # gradient by its own size: rounding on a near-zero gradient would flip its sign.)
+        opt, sched = optax.sgd(1e4), optax.constant_schedule(1e4)
+        state = new_train_state(flatten(params), opt, 0)
+        start = jax.device_get(state["params"])
+        aux = jax.tree.map(lambda x: x + 0.01, state["params"])  # a reference that differs
+        step = make_rl_step(graphdef, params, make_grpo_loss(cfg),
+                            lambda b: policy_loss_denominator(b["loss_mask"], agg, max_len=16),
+                            opt, sched, accum=accum, precision="fp32", epochs=1,
+                            prepare=make_prepare(cfg, graphdef, params, "copy"))
+        state, metrics = step(state, frozen, batch, aux)
+        updated.append((jax.device_get(state["params"]), float(metrics["loss"])))
+    (a, la), (b, lb) = updated
+    assert la == pytest.approx(lb, rel=1e-6)
+    for k in a:
+        da, db = a[k] - start[k], b[k] - start[k]
+        assert np.max(np.abs(da)) > 0, k
+        assert np.max(np.abs(da - db)) <= 1e-6 * np.max(np.abs(da)), k
+
+
+def test_dynamic_sampling_refills_groups_whose_rewards_are_equal(tmp_path):
+    cfg = config(GRPOConfig, "grpo", tmp_path, "train.max_steps=1", "data.eval_path=null",
+                 "rewards.answer_match=0", "rewards.length=0",
+                 "rewards.functions=[rl_toy_rewards:one_group_varies]",
+                 "grpo.dynamic_sampling_rounds=2")
+    run_grpo(cfg, **QUIET)
+    row = rows(tmp_path)[0]
+    # 3 of the first round's 4 groups have equal rewards; each round adds one varying group.
+    assert row["zero_std_fraction"] == 0.75
+    assert row["refill_rounds"] == 2
+
+
+@pytest.mark.parametrize("name,cls,extra", [
+    ("grpo", GRPOConfig, ["grpo.iterations=2"]),
+    ("ppo", PPOConfig, ["ppo.reference=ema", "ppo.kl_target=0.01", "ppo.kl_horizon=100"])])
+def test_sigterm_mid_run_resumes_exactly(name, cls, extra, tmp_path):
+    run = run_grpo if name == "grpo" else run_ppo
+    common = ["train.max_steps=6", "checkpoint.every_steps=100", "data.eval_path=null",
+              "rewards.functions=[rl_toy_rewards:stop_signal]", "rewards.function_weights=[0.0]",
+              *extra]
+    rl_toy_rewards.STOP_ON_CALL.update(at=None, calls=0)
+    _, straight, _ = run(config(cls, name, tmp_path / "straight", *common), **QUIET)
+    rl_toy_rewards.STOP_ON_CALL.update(at=3, calls=0)  # during step 3's rollout
+    cfg = config(cls, name, tmp_path / "stopped", *common)
+    with pytest.raises(Interrupted):
+        run(cfg, **QUIET)
+    assert (tmp_path / "stopped" / "checkpoints" / "3").exists()
+    _, resumed, _ = run(cfg, **QUIET)
+    drop = ("rollout_s", "update_s", "tokens_per_s")
+    clean = lambda m: [{k: v for k, v in r.items() if k not in drop} for r in m]  # noqa: E731
+    assert clean(rows(tmp_path / "stopped")) == clean(rows(tmp_path / "straight"))
+    for k in straight["params"]:
+        assert np.array_equal(np.asarray(straight["params"][k]), np.asarray(resumed["params"][k]))
+    if name == "ppo":
+        assert float(straight["kl_coef"]) == float(resumed["kl_coef"]) != 0.05
+        for k in straight["ema"]:
+            assert np.array_equal(np.asarray(straight["ema"][k]), np.asarray(resumed["ema"][k]))
+
+
+def test_tiny_ppo_raises_mean_reward(tmp_path):
+    cfg = config(PPOConfig, "ppo", tmp_path, "train.max_steps=12", "train.eval_every=12")
+    model, state, _ = run_ppo(cfg, **QUIET)
+    m = rows(tmp_path)
+    # The random model's greedy answers run to the 16-token limit (reward -0.16).
+    assert m[-1]["eval_completion_len"] < 8 and m[-1]["eval_reward"] > -0.1
+    assert "value_loss" in m[-1] and "kl_seq" in m[-1] and "value_clip_fraction" in m[-1]
+    logits, values = model(jnp.ones((1, 4), jnp.int32))
+    assert logits.shape == (1, 4, 264) and values.shape == (1, 4)

@@ -82,8 +82,9 @@ class ConsoleSink:
         filled = int(width * step / max(self.max_steps, 1))
         bar = "#" * filled + "-" * (width - filled)
         parts = [f"{self.label} [{bar}] {step}/{self.max_steps}"]
-        for key, fmt in (("loss", ".4f"), ("eval_loss", ".4f"), ("lr", ".2e"),
-                         ("tokens_per_s", ".0f"), ("mfu", ".1%")):
+        for key, fmt in (("loss", ".4f"), ("eval_loss", ".4f"), ("reward_mean", ".3f"),
+                         ("accuracy", ".1%"), ("eval_reward", ".3f"), ("eval_accuracy", ".1%"),
+                         ("lr", ".2e"), ("tokens_per_s", ".0f"), ("mfu", ".1%")):
             if key in metrics:
                 parts.append(f"{key} {format(_plain(metrics[key]), fmt)}")
         parts.append(f"ETA {_duration(eta)}")

@@ -144,7 +144,7 @@ def run_grpo(cfg: GRPOConfig, *, log=print):
         train_step=step, state=state, frozen=frozen, aux=aux, data=data_iter, eval_fn=evaluate,
         prepare=prepare, tokens_per_batch=lambda b: int(np.sum(b["attention_mask"])),
         flops_per_token=model.config.flops_per_token(g.max_prompt_tokens + g.max_new_tokens),
-        extra_metrics=policy_means)
+        extra_metrics=policy_means, eval_at_start=True)
     final = run_loop(spec, cfg, run_dir)
     trained = rollouts.policy(final["params"])
     return trained, final, evaluate

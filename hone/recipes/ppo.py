@@ -120,17 +120,24 @@ def make_prepare(cfg: PPOConfig, graphdef, template, policy_trainable, mode: str
     return prepare, finish
 
 
+def build_ppo_model(cfg: PPOConfig):
+    """(ActorCritic, its trainable filter, the policy's own trainable filter)."""
+    from hone.models.lora import LoRAParam
+    policy, policy_trainable = build_model(cfg)
+    model = build_actor_critic(policy, cfg.ppo.critic, cfg.train.seed)
+    trainable = (nnx.Any(LoRAParam, nnx.PathContains("value_head"))
+                 if policy_trainable is LoRAParam else nnx.Param)
+    return model, trainable, policy_trainable
+
+
 def run_ppo(cfg: PPOConfig, *, log=print):
     """Train per cfg; returns (trained ActorCritic, final train state, evaluate(params) or None)."""
-    from hone.models.lora import LoRAParam
     p = cfg.ppo
     tokenizer = load_tokenizer(cfg.model.source)
     prompts, held_out = load_prompts(cfg, p, tokenizer, log)
     rewards = make_rewards(cfg, p, prompts, log)
-    policy, policy_trainable = build_model(cfg)
-    model = build_actor_critic(policy, p.critic, cfg.train.seed)
-    trainable = (nnx.Any(LoRAParam, nnx.PathContains("value_head"))
-                 if policy_trainable is LoRAParam else nnx.Param)
+    model, trainable, policy_trainable = build_ppo_model(cfg)
+    policy = model.policy
     run_dir = open_run(cfg)
 
     mode = reference_mode(cfg, p, needed=p.kl_coef > 0 or p.kl_target is not None)
@@ -170,7 +177,7 @@ def run_ppo(cfg: PPOConfig, *, log=print):
         eval_fn=None if evaluate is None else (lambda params: evaluate(policy_part(params))),
         prepare=prepare, tokens_per_batch=lambda b: int(np.sum(b["attention_mask"])),
         flops_per_token=model.config.flops_per_token(p.max_prompt_tokens + p.max_new_tokens),
-        extra_metrics=policy_means)
+        extra_metrics=policy_means, eval_at_start=True)
     final = run_loop(spec, cfg, run_dir)
     trained = nnx.merge(graphdef, unflatten(params, final["params"]), frozen)
     return trained, final, evaluate

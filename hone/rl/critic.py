@@ -49,7 +49,12 @@ class ActorCritic(nnx.Module):
 
 def build_actor_critic(policy: Transformer, critic: str, seed: int) -> ActorCritic:
     """`critic` "shared" or "separate" (a copy of the policy's backbone, adapters included)."""
-    other = nnx.clone(policy) if critic == "separate" else None
+    other = None
+    if critic == "separate":
+        # Fresh buffers: a clone shares the policy's arrays, and the train state (donated to
+        # every step) must not hold one buffer twice.
+        graphdef, state = nnx.split(policy)
+        other = nnx.merge(graphdef, jax.tree.map(jnp.copy, state))
     return ActorCritic(policy, other, rngs=nnx.Rngs(seed))
 
 

@@ -40,6 +40,8 @@ class LoopSpec:
     # RL: (state, data batch, step) -> (training batch, host metrics), run before each step
     # (the rollout: sampling with the current weights, rewards); None for fixed data.
     prepare: Callable[[dict, dict, int], tuple[dict, dict]] | None = None
+    # Evaluate the starting weights too (a step-0 row), when a run starts fresh.
+    eval_at_start: bool = False
 
 
 class _SignalFlag:
@@ -86,6 +88,9 @@ def run_loop(spec: LoopSpec, cfg, run_dir: Path) -> dict[str, Any]:
     sinks = make_sinks(log.sinks, run_dir, max_steps=train.max_steps,
                        resume_step=latest if latest is not None else None)
     last_saved = start if latest is not None else None
+    if spec.eval_at_start and spec.eval_fn is not None and latest is None:
+        for sink in sinks:
+            sink.write(0, spec.eval_fn(state["params"]))
     window_tokens, window_t0 = 0, time.perf_counter()
     try:
         with _SignalFlag() as flag:

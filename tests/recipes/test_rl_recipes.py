@@ -12,6 +12,7 @@ import optax
 import pytest
 from flax import nnx
 
+import hone
 import rl_toy_rewards
 from hone.config import GRPOConfig, PPOConfig, load_config
 from hone.models.config import PRESETS
@@ -39,7 +40,8 @@ def rows(run_dir) -> list[dict]:
 def test_tiny_grpo_learns_the_length_reward(tmp_path):
     cfg = config(GRPOConfig, "grpo", tmp_path, "train.max_steps=12", "train.eval_every=12")
     _, state, evaluate = run_grpo(cfg, **QUIET)
-    m = rows(tmp_path)
+    start, *m = rows(tmp_path)
+    assert start["step"] == 0 and start["eval_completion_len"] > 14  # the starting weights
     assert len(m) == 12 and int(state["step"]) == 12
     first, last = m[0], m[-1]
     # A random model writes all 16 tokens; the length penalty teaches it to stop early.
@@ -156,7 +158,23 @@ def test_tiny_ppo_raises_mean_reward(tmp_path):
     model, state, _ = run_ppo(cfg, **QUIET)
     m = rows(tmp_path)
     # The random model's greedy answers run to the 16-token limit (reward -0.16).
+    assert m[0]["step"] == 0 and m[0]["eval_reward"] == pytest.approx(-0.16)
     assert m[-1]["eval_completion_len"] < 8 and m[-1]["eval_reward"] > -0.1
     assert "value_loss" in m[-1] and "kl_seq" in m[-1] and "value_clip_fraction" in m[-1]
     logits, values = model(jnp.ones((1, 4), jnp.int32))
     assert logits.shape == (1, 4, 264) and values.shape == (1, 4)
+
+
+def test_ppo_with_lora_and_a_separate_critic_exports_its_policy(tmp_path):
+    from hone.models.lora import merge_lora
+    from hone.recipes.export import export_run
+    cfg = config(PPOConfig, "ppo", tmp_path / "run", "train.max_steps=2", "data.eval_path=null",
+                 "model.lora.rank=4", "ppo.critic=separate", "ppo.minibatches=2")
+    model, state, _ = run_ppo(cfg, **QUIET)
+    assert any(k.startswith("critic/") for k in state["params"])  # the critic's own adapters
+    assert all("lora" in k or k.startswith("value_head") for k in state["params"])
+    out = export_run(tmp_path / "run", tmp_path / "hf")
+    tokens = jnp.arange(12, dtype=jnp.int32)[None]
+    exported = hone.load_model(str(out))
+    np.testing.assert_allclose(np.asarray(exported(tokens)),
+                               np.asarray(merge_lora(model.policy)(tokens)), atol=1e-5)

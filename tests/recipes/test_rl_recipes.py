@@ -178,3 +178,24 @@ def test_ppo_with_lora_and_a_separate_critic_exports_its_policy(tmp_path):
     exported = hone.load_model(str(out))
     np.testing.assert_allclose(np.asarray(exported(tokens)),
                                np.asarray(merge_lora(model.policy)(tokens)), atol=1e-5)
+
+
+def test_rewards_section_wires_a_reward_model_and_checks_columns(tmp_path):
+    from hone.errors import InputError
+    from hone.models.reward import RewardModel, save_reward_model
+    from hone.recipes.rl_common import make_rewards
+    from hone.rl.prompts import PromptData
+    tok = hone.load_tokenizer("tiny")
+    save_reward_model(RewardModel(hone.load_model("tiny")), tmp_path / "rm", tok)
+    prompts = PromptData("builtin:arithmetic-rl", tok, max_prompt_tokens=200, max_records=2)
+    cfg = load_config(GRPOConfig, None, [f"rewards.reward_model={tmp_path / 'rm'}",
+                                         "rewards.reward_model_weight=2.0"])
+    rewards = make_rewards(cfg, cfg.grpo, prompts, log=lambda s: None)
+    res = rewards(["Q: 2+3?", "Q: 4+4?"], ["The answer is 5.", "9"], {"answer": ["5", "8"]},
+                  [5, 1])
+    assert list(res.per_function["answer_match"]) == [1.0, 0.0]
+    np.testing.assert_allclose(res.total, res.per_function["answer_match"]
+                               + 2.0 * res.per_function["reward_model"], rtol=1e-6)
+    bad = load_config(GRPOConfig, None, ["rewards.answer_column=solution"])
+    with pytest.raises(InputError, match="solution"):
+        make_rewards(bad, bad.grpo, prompts, log=lambda s: None)

@@ -1,5 +1,13 @@
-"""Pieces shared by the side-by-side benchmark drivers (decode.py, train.py).
+"""Pieces shared by the side-by-side benchmark drivers (decode.py, train.py, dpo.py, grpo.py).
 
+- `parser(doc, impls, title)` / `parse(ap, impls)`: the options every driver has (--rounds,
+  --repeats, --impls, --timeout, --write) around the driver's own, and the checked impl list.
+- `command(impl, script, *flags)`: the command line of one benchmark process.
+- `run_rounds(args, jobs)`: run every implementation's processes, round after round, one at a
+  time, rotating the order of implementations every round; returns their JSON lines.
+- `aggregate(results, keys, key, ...)`: medians over rounds per implementation (and row).
+- `md_table(head, rows)`, `cell(summary, key, field, spec)`: a markdown table and its cells.
+- `section(...)` / `report(...)`: a RESULTS.md section's common frame; print it, --write it.
 - `python_for(impl)`: the interpreter an implementation runs under (Tunix has its own venv).
 - `cpu_busy()`: how many cores other work kept busy just before a measurement.
 - `run_json(impl, cmd, ...)`: run one benchmark process (never two at once), echo and return the
@@ -10,19 +18,24 @@
 
 from __future__ import annotations
 
+import argparse
+import datetime
 import importlib.metadata as md
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable, Iterable
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import _venvs  # noqa: E402
 
 RESULTS = HERE / "RESULTS.md"
+BUSY: list[float] = []  # cores busy with other work, sampled before each process
 HEADER = """# Benchmark results
 
 Measured on the development machine: 2 CPU cores, about 24 GiB of memory, no accelerator.
@@ -36,6 +49,104 @@ Rerun (each section is rewritten by its own script):
     .venv/bin/python benchmarks/decode.py --write
     .venv/bin/python benchmarks/train.py --write
 """
+
+
+def parser(doc: str, impls: tuple[str, ...], title: str) -> argparse.ArgumentParser:
+    """--rounds, --repeats and --impls; parse() adds --timeout and --write after the driver's
+    own options. args.title is the RESULTS.md section the driver writes."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--impls", default=",".join(impls))
+    ap.set_defaults(title=title)
+    return ap
+
+
+def parse(ap: argparse.ArgumentParser, impls: tuple[str, ...]) -> argparse.Namespace:
+    """Parse the command line; args.impls becomes a list of known implementations."""
+    ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per process")
+    ap.add_argument("--write", action="store_true",
+                    help=f"rewrite '## {ap.get_default('title')}' in {RESULTS.name}")
+    args = ap.parse_args()
+    args.impls = [i.strip() for i in args.impls.split(",") if i.strip()]
+    unknown = set(args.impls) - set(impls)
+    if unknown:
+        ap.error(f"unknown impls {sorted(unknown)}; choose from {impls}")
+    return args
+
+
+def command(impl: str, script: str, *flags) -> list[str]:
+    """[python for impl, benchmarks/script, *flags as strings]."""
+    return [python_for(impl), str(HERE / script), *map(str, flags)]
+
+
+def run_rounds(args, jobs: Callable[[str], list[tuple[str, list[str]]]]) -> list[dict]:
+    """Create the Tunix venv first if needed (before any timing); then for each of args.rounds
+    rounds, for each implementation in args.impls (the order rotated by one every round), run
+    the (label, command) pairs jobs(impl) gives, one process at a time. Returns every JSON line,
+    each with "impl" set to the implementation it ran for."""
+    impls = args.impls
+    if "tunix" in impls:
+        _venvs.tunix_python()
+    results = []
+    for rnd in range(args.rounds):
+        for impl in impls[rnd % len(impls):] + impls[:rnd % len(impls)]:
+            for label, cmd in jobs(impl):
+                print(f"round {rnd + 1}/{args.rounds}: {label}", flush=True)
+                for row in run_json(impl, cmd, timeout=args.timeout, busy=BUSY):
+                    row["impl"] = impl
+                    results.append(row)
+    return results
+
+
+def aggregate(results: list[dict], keys: Iterable, key: Callable[[dict], object],
+              medians=("median_s", "first_s"), peak: bool = True, firsts=()) -> dict:
+    """{k: summary} for each k in keys (in order) that has results (those with key(r) == k):
+    the median over rounds of each field in `medians`, the max "peak_rss_mb" (with peak), the
+    first round's value of each field in `firsts` (False where missing) and "runs"."""
+    summary = {}
+    for k in keys:
+        mine = [r for r in results if key(r) == k]
+        if mine:
+            s = {f: statistics.median(r[f] for r in mine) for f in medians}
+            if peak:
+                s["peak_rss_mb"] = max(r["peak_rss_mb"] for r in mine)
+            s.update({f: mine[0].get(f, False) for f in firsts}, runs=len(mine))
+            summary[k] = s
+    return summary
+
+
+def cell(summary: dict, key, field: str, spec: str) -> str:
+    """summary[key][field] formatted with `spec`, or "-" where key was not measured."""
+    return format(summary[key][field], spec) if key in summary else "-"
+
+
+def md_table(head: list[str], rows: Iterable[list[str]]) -> str:
+    """A markdown table: the head row, its |---| rule, one line per row of cells."""
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in rows])
+
+
+def section(args, script: str, settings: str, bullets: dict[str, str], body: list[str],
+            goals: list[str] = (), flags: str = "") -> str:
+    """A RESULTS.md section: "## {args.title}", when and how it was measured (`settings`), the
+    bullets of the implementations run, `body` (each piece followed by ""), the core-busy line
+    and `goals` if any."""
+    return "\n".join([
+        f"## {args.title}", "",
+        f"Measured {datetime.date.today().isoformat()} with `benchmarks/{script} "
+        f"--rounds {args.rounds} --repeats {args.repeats}{flags}`: {settings}", "",
+        *[line for impl, line in bullets.items() if impl in args.impls], "",
+        *body, busy_line(BUSY), "", *([*goals, ""] if goals else [])])
+
+
+def report(args, text: str) -> None:
+    """Print the section; with --write, also put it into RESULTS.md."""
+    print()
+    print(text)
+    if args.write:
+        write_section(args.title, text)
+        print(f"wrote the {args.title} section of {RESULTS}")
 
 
 def python_for(impl: str) -> str:

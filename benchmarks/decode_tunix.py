@@ -2,63 +2,28 @@
 
 Model: tunix.models.llama3.model.Llama3 with the SmolLM2-135M shape, random init, fp32.
 Sampler: tunix.generate.sampler.Sampler (greedy: no top_p / beam_size), KV cache sized for
-prompt + new tokens. Prompts are random token ids, all of the same length; the tokenizer below
-only turns a string of ids back into those ids, and EOS is an id no token can have, so every row
-generates all new tokens. Prints one JSON line per batch size.
+prompt + new tokens. Prompts are random token ids, all of the same length; the tokenizer
+(_tunix_model.IdTokenizer) only turns a string of ids back into those ids, and EOS is an id no
+token can have, so every row generates all new tokens. Prints one JSON line per batch size.
 
     benchmarks/.venvs/tunix/bin/python benchmarks/decode_tunix.py --repeats 5
 """
 
 from __future__ import annotations
 
-import time
-
 from _measure import decode_args, emit_decode, first_and_median
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from tunix.generate import sampler as sampler_lib
-from tunix.models.llama3 import model as llama3_lib
 
-PAD_ID = 0     # never in a prompt (prompt ids are drawn from 1..vocab-1)
-NO_EOS = -1    # an id the model cannot produce: generation always runs to max_generation_steps
-
-
-def smollm2_135m_config() -> llama3_lib.ModelConfig:
-    return llama3_lib.ModelConfig(
-        num_layers=30, vocab_size=49152, embed_dim=576, hidden_dim=1536, num_heads=9,
-        head_dim=64, num_kv_heads=3, rope_theta=100_000, norm_eps=1e-5, weight_tying=True,
-        shd_config=llama3_lib.ShardingConfig.get_default_sharding(is_sampling=True))
-
-
-class IdTokenizer:
-    """The methods Tunix's TokenizerAdapter requires; a prompt is its ids joined by spaces."""
-
-    def encode(self, text: str, **kwargs) -> list[int]:
-        return [int(t) for t in text.split()]
-
-    def decode(self, ids, **kwargs) -> str:
-        return " ".join(str(int(t)) for t in ids)
-
-    def bos_id(self):
-        return None  # falsy: Sampler.tokenize adds no BOS
-
-    def eos_id(self) -> int:
-        return NO_EOS
-
-    def pad_id(self) -> int:
-        return PAD_ID
+from _tunix_model import NO_EOS, IdTokenizer, new_model
 
 
 def main():
     args = decode_args(__doc__.splitlines()[0])
 
-    cfg = smollm2_135m_config()
-    model = llama3_lib.Llama3(cfg, rngs=nnx.Rngs(args.seed))
-    dtypes = {x.dtype for x in jax.tree.leaves(nnx.state(model, nnx.Param))}
-    assert dtypes == {jnp.dtype(jnp.float32)}, dtypes
+    model = new_model(args.seed, sampling=True)
+    cfg = model.config
     # Sampler.__call__ pads prompts to the next power of two; the cache holds prompt + new tokens.
     padded_prompt = 1 << max(args.prompt_len - 1, 0).bit_length()
     cache = sampler_lib.CacheConfig(cache_size=padded_prompt + args.new_tokens,
@@ -72,15 +37,14 @@ def main():
         prompts = [" ".join(str(t) for t in row) for row in ids]
 
         def run():
-            t0 = time.perf_counter()
-            out = sampler(prompts, max_generation_steps=args.new_tokens, temperature=0.0,
-                          eos_tokens=[NO_EOS], echo=False)
-            dt = time.perf_counter() - t0
+            return sampler(prompts, max_generation_steps=args.new_tokens, temperature=0.0,
+                           eos_tokens=[NO_EOS], echo=False)
+
+        def check(out):
             lengths = {len(t) for t in out.tokens}
             assert lengths == {args.new_tokens}, f"generated lengths {lengths}"
-            return dt, None
 
-        first, med, _ = first_and_median(run, args.repeats)
+        first, med, _ = first_and_median(run, args.repeats, value=check)
         emit_decode("tunix", b, args.new_tokens, first, med)
 
 

@@ -17,65 +17,54 @@ benchmarks/RESULTS.md.
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import statistics
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import _driver  # noqa: E402
-import _venvs  # noqa: E402
 
-RESULTS = _driver.RESULTS
-TITLE = "Training steps"
 IMPLS = ("hone", "tunix", "torch")
 ROWS = ("sft", "lora")
-BUSY: list[float] = []  # cores busy with other work, sampled before each process
 GOALS = {"tunix": 2.0, "torch": 2.5}  # hone's step at least this many times faster
 
 
-def run_one(impl: str, row: str, args, precision: str = "fp32") -> list[dict]:
-    cmd = [_driver.python_for(impl), str(HERE / f"train_{impl}.py"), "--rows", row,
-           "--repeats", str(args.repeats), "--batch", str(args.batch),
-           "--seq-len", str(args.seq_len)]
-    if precision != "fp32":
-        cmd += ["--precision", precision]
-    return _driver.run_json(impl, cmd, timeout=args.timeout, busy=BUSY)
+def jobs(impl: str, args) -> list[tuple[str, list[str]]]:
+    """One process per row; with --bf16, hone also runs each row with --precision bf16."""
+    out = []
+    for row in args.rows:
+        cmd = _driver.command(impl, f"train_{impl}.py", "--rows", row, "--repeats", args.repeats,
+                              "--batch", args.batch, "--seq-len", args.seq_len)
+        out.append((f"{impl} {row}", cmd))
+        if impl == "hone" and args.bf16:
+            out.append((f"hone {row}-bf16", cmd + ["--precision", "bf16"]))
+    return out
 
 
-def bullets(vers: dict) -> list[tuple[str, str]]:
-    return [
-        ("hone", "- hone: the jitted step of `hone.train.step.make_train_step` with "
-                 "`hone.recipes.sft.sft_step_loss` (what `hone sft` runs), on "
-                 "`hone.load_model(\"smollm2-135m\")`, LoRA by `hone.models.lora.apply_lora`; "
-                 "timed: `step(state, frozen, batch)` until its metrics are ready; "
-                 f"jax {vers['jax']}, flax {vers['flax']}."),
-        ("tunix", "- tunix: `tunix.sft.peft_trainer.PeftTrainer`'s jitted train step (as "
-                  "`train()` builds it, called on the prepared batch; timed until loss and grad "
-                  "norm are ready; the loop's Python bookkeeping and dispatch overlap are not "
-                  "included) on `tunix.models.llama3` Llama3, LoRA by qwix "
-                  f"`apply_lora_to_model`; google-tunix {vers['tunix']}."),
-        ("torch", "- torch: transformers `LlamaForCausalLM` (sdpa, 2 threads): forward with "
-                  "labels, `backward`, `clip_grad_norm_`, `torch.optim.AdamW.step`, `zero_grad`,"
-                  " `loss.item()`; LoRA by peft `get_peft_model`; torch "
-                  f"{vers['torch']}, transformers {vers['transformers']}, peft {vers['peft']}."),
-    ]
+def bullets(vers: dict) -> dict[str, str]:
+    return {
+        "hone": "- hone: the jitted step of `hone.train.step.make_train_step` with "
+                "`hone.recipes.sft.sft_step_loss` (what `hone sft` runs), on "
+                "`hone.load_model(\"smollm2-135m\")`, LoRA by `hone.models.lora.apply_lora`; "
+                "timed: `step(state, frozen, batch)` until its metrics are ready; "
+                f"jax {vers['jax']}, flax {vers['flax']}.",
+        "tunix": "- tunix: `tunix.sft.peft_trainer.PeftTrainer`'s jitted train step (as "
+                 "`train()` builds it, called on the prepared batch; timed until loss and grad "
+                 "norm are ready; the loop's Python bookkeeping and dispatch overlap are not "
+                 "included) on `tunix.models.llama3` Llama3, LoRA by qwix "
+                 f"`apply_lora_to_model`; google-tunix {vers['tunix']}.",
+        "torch": "- torch: transformers `LlamaForCausalLM` (sdpa, 2 threads): forward with "
+                 "labels, `backward`, `clip_grad_norm_`, `torch.optim.AdamW.step`, `zero_grad`,"
+                 " `loss.item()`; LoRA by peft `get_peft_model`; torch "
+                 f"{vers['torch']}, transformers {vers['transformers']}, peft {vers['peft']}.",
+    }
 
 
 def summarize(rows: list[dict], impls, names, tokens: int) -> dict:
-    summary = {}
-    for impl in impls:
-        for name in names:
-            mine = [r for r in rows if r["impl"] == impl and r["row"] == name]
-            if not mine:
-                continue
-            med = statistics.median(r["median_s"] for r in mine)
-            summary[impl, name] = {
-                "median_s": med, "tokens_per_s": tokens / med,
-                "first_s": statistics.median(r["first_s"] for r in mine),
-                "peak_rss_mb": max(r["peak_rss_mb"] for r in mine), "runs": len(mine)}
+    summary = _driver.aggregate(rows, [(i, n) for i in impls for n in names],
+                                lambda r: (r["impl"], r["row"]))
+    for s in summary.values():
+        s["tokens_per_s"] = tokens / s["median_s"]
     return summary
 
 
@@ -91,35 +80,28 @@ def ratio(summary, name, other):
 
 
 def speed_table(summary, impls, names) -> str:
-    fmt = lambda x, spec: "-" if x is None else format(x, spec)  # noqa: E731
-    get = lambda i, n, k: summary[i, n][k] if (i, n) in summary else None  # noqa: E731
     head = (["row"] + [f"{i} step s" for i in impls] + [f"{i} tok/s" for i in impls]
             + ["hone/tunix", "hone/torch"])
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for n in names:
         cells = [n]
-        cells += [fmt(get(i, n, "median_s"), ".3f") for i in impls]
-        cells += [fmt(get(i, n, "tokens_per_s"), ".1f") for i in impls]
+        cells += [_driver.cell(summary, (i, n), "median_s", ".3f") for i in impls]
+        cells += [_driver.cell(summary, (i, n), "tokens_per_s", ".1f") for i in impls]
         for other in ("tunix", "torch"):
             r = ratio(summary, n, other)
             mark = "*" if n != base_row(n) else ""
             cells.append("-" if r is None else f"{r:.2f}x{mark}")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append(cells)
+    return _driver.md_table(head, rows)
 
 
 def cost_table(summary, impls, names) -> str:
-    fmt = lambda x, spec: "-" if x is None else format(x, spec)  # noqa: E731
-    get = lambda i, n, k: summary[i, n][k] if (i, n) in summary else None  # noqa: E731
     head = (["row"] + [f"{i} first step s" for i in impls]
             + [f"{i} peak RSS MB" for i in impls])
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for n in names:
-        cells = [n]
-        cells += [fmt(get(i, n, "first_s"), ".1f") for i in impls]
-        cells += [fmt(get(i, n, "peak_rss_mb"), ".0f") for i in impls]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    rows = [[n] + [_driver.cell(summary, (i, n), "first_s", ".1f") for i in impls]
+            + [_driver.cell(summary, (i, n), "peak_rss_mb", ".0f") for i in impls]
+            for n in names]
+    return _driver.md_table(head, rows)
 
 
 def goal_lines(summary, rows, impls) -> list[str]:
@@ -142,42 +124,22 @@ def goal_lines(summary, rows, impls) -> list[str]:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap = _driver.parser(__doc__, IMPLS, "Training steps")
     ap.add_argument("--rows", default=",".join(ROWS))
-    ap.add_argument("--impls", default=",".join(IMPLS))
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--bf16", action="store_true",
                     help="also run hone with --precision bf16 (rows sft-bf16, lora-bf16)")
-    ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per process")
-    ap.add_argument("--write", action="store_true", help=f"rewrite '## {TITLE}' in {RESULTS.name}")
-    args = ap.parse_args()
-    impls = [i.strip() for i in args.impls.split(",") if i.strip()]
-    unknown = set(impls) - set(IMPLS)
-    if unknown:
-        ap.error(f"unknown impls {sorted(unknown)}; choose from {IMPLS}")
-    rows = [r.strip() for r in args.rows.split(",") if r.strip()]
+    args = _driver.parse(ap, IMPLS)
+    impls = args.impls
+    args.rows = rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     unknown = set(rows) - set(ROWS)
     if unknown:
         ap.error(f"unknown rows {sorted(unknown)}; choose from {ROWS}")
     if args.bf16 and "hone" not in impls:
         ap.error("--bf16 runs hone: include hone in --impls")
 
-    if "tunix" in impls:
-        _venvs.tunix_python()  # create the venv before any timing starts
-    results = []
-    for rnd in range(args.rounds):
-        order = impls[rnd % len(impls):] + impls[:rnd % len(impls)]
-        for impl in order:
-            for row in rows:
-                print(f"round {rnd + 1}/{args.rounds}: {impl} {row}", flush=True)
-                results += run_one(impl, row, args)
-                if impl == "hone" and args.bf16:
-                    print(f"round {rnd + 1}/{args.rounds}: hone {row}-bf16", flush=True)
-                    results += run_one(impl, row, args, precision="bf16")
-
+    results = _driver.run_rounds(args, lambda impl: jobs(impl, args))
     names = rows + ([f"{r}-bf16" for r in rows] if args.bf16 else [])
     summary = summarize(results, impls, names, args.batch * args.seq_len)
     vers = _driver.versions(main_pkgs=("jax", "flax", "torch", "transformers", "peft"))
@@ -195,24 +157,14 @@ def main():
         notes = ["", "Rows ending in -bf16 are hone with `precision=\"bf16\"` (bf16 compute, fp32 "
                  "master weights and optimizer state); their ratios (marked *) compare with "
                  "Tunix's and PyTorch's fp32 rows and do not count toward the goal."]
-    section = "\n".join([
-        f"## {TITLE}", "",
-        f"Measured {datetime.date.today().isoformat()} with `benchmarks/train.py "
-        f"--rounds {args.rounds} --repeats {args.repeats}{' --bf16' if args.bf16 else ''}`: "
-        f"{settings}", "",
-        *[line for impl, line in bullets(vers) if impl in impls], "",
-        "Median step time, tokens per second (B x T / step time) and how many times faster "
-        "hone's step is:", "",
-        speed_table(summary, impls, names), *notes, "",
-        "First step (trace, compile and run) and peak resident memory:", "",
-        cost_table(summary, impls, names), "",
-        _driver.busy_line(BUSY), "",
-        *goal_lines(summary, rows, impls), ""])
-    print()
-    print(section)
-    if args.write:
-        _driver.write_section(TITLE, section)
-        print(f"wrote the {TITLE} section of {RESULTS}")
+    _driver.report(args, _driver.section(
+        args, "train.py", settings, bullets(vers), [
+            "Median step time, tokens per second (B x T / step time) and how many times faster "
+            "hone's step is:", "",
+            speed_table(summary, impls, names), *notes, "",
+            "First step (trace, compile and run) and peak resident memory:", "",
+            cost_table(summary, impls, names), ""],
+        goal_lines(summary, rows, impls), flags=" --bf16" if args.bf16 else ""))
 
 
 if __name__ == "__main__":

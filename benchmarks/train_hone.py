@@ -23,10 +23,9 @@ process for a per-row figure, as train.py does). Prints one JSON line per row.
 
 from __future__ import annotations
 
-import time
-
-from _measure import emit_train, first_and_median, train_args
 from types import SimpleNamespace
+
+from _measure import emit_train, finite, first_and_median, train_args
 
 import jax
 import jax.numpy as jnp
@@ -45,7 +44,6 @@ LORA_TARGETS = r".*/(attn/(q|k|v|o)|mlp/(gate|up|down))"
 OPTIM = SimpleNamespace(lr=1e-4, schedule="constant", warmup_steps=0, max_steps=1000,
                         min_lr_ratio=0.0, max_grad_norm=1.0, b1=0.9, b2=0.999, eps=1e-8,
                         weight_decay=0.01)
-
 
 
 def make_batch(rng: np.random.Generator, b: int, t: int, vocab: int) -> dict:
@@ -84,17 +82,13 @@ def run_row(row: str, args) -> None:
 
     def one():
         nonlocal state
-        t0 = time.perf_counter()
         state, metrics = step(state, frozen, batch)
-        jax.block_until_ready(metrics)
-        dt = time.perf_counter() - t0
-        loss = float(metrics["loss"])
-        assert np.isfinite(loss), loss
-        return dt, loss
+        return metrics
 
-    first, med, loss0 = first_and_median(one, args.repeats)
+    first, med, loss0 = first_and_median(one, args.repeats, wait=jax.block_until_ready,
+                                         value=lambda metrics: finite(metrics["loss"]))
     name = row if args.precision == "fp32" else f"{row}-{args.precision}"
-    emit_train("hone", name, args, first, med, loss0)
+    emit_train("hone", name, args.batch * args.seq_len, first, med, loss0)
 
 
 def main():

@@ -27,29 +27,20 @@ tokens, the same batch every step. Prints one JSON line per row.
 
 from __future__ import annotations
 
-import time
-
-from _measure import emit_train, first_and_median, train_args
+from _measure import emit_train, train_args
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import qwix
 from flax import nnx
-from tunix.models.llama3 import model as llama3_lib
 from tunix.sft import peft_trainer
 from tunix.sft import sharding_utils
 from tunix.sft import utils as sft_utils
 
+from _tunix_model import adamw, new_model, time_train_step
+
 LORA_MODULES = r".*/(attn/(q|k|v|o)_proj|mlp/(gate|up|down)_proj)"
-
-
-def smollm2_135m_config() -> llama3_lib.ModelConfig:
-    return llama3_lib.ModelConfig(
-        num_layers=30, vocab_size=49152, embed_dim=576, hidden_dim=1536, num_heads=9,
-        head_dim=64, num_kv_heads=3, rope_theta=100_000, norm_eps=1e-5, weight_tying=True,
-        shd_config=llama3_lib.ShardingConfig.get_default_sharding())
 
 
 def gen_model_input_fn(x: peft_trainer.TrainingInput) -> dict:
@@ -60,24 +51,18 @@ def gen_model_input_fn(x: peft_trainer.TrainingInput) -> dict:
             "attention_mask": sft_utils.make_causal_attn_mask(pad_mask)}
 
 
-
 def run_row(row: str, args) -> None:
-    cfg = smollm2_135m_config()
-    model = llama3_lib.Llama3(cfg, rngs=nnx.Rngs(args.seed))
-    dtypes = {x.dtype for x in jax.tree.leaves(nnx.state(model, nnx.Param))}
-    assert dtypes == {jnp.dtype(jnp.float32)}, dtypes
+    model = new_model(args.seed)
+    cfg = model.config
     if row == "lora":
         provider = qwix.LoraProvider(module_path=LORA_MODULES, rank=16, alpha=32.0)
         model = qwix.apply_lora_to_model(model, provider, **model.get_model_input(),
                                          rngs=nnx.Rngs(args.seed))
         n = len(jax.tree.leaves(nnx.state(model, nnx.LoRAParam)))
         assert n == 2 * 7 * cfg.num_layers, f"{n} LoRA arrays"
-    optimizer = optax.chain(
-        optax.clip_by_global_norm(1.0),
-        optax.adamw(1e-4, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01))
     config = peft_trainer.TrainingConfig(eval_every_n_steps=10**9,
                                          max_steps=args.repeats + 1)
-    trainer = peft_trainer.PeftTrainer(model, optimizer, config)
+    trainer = peft_trainer.PeftTrainer(model, adamw(), config)
     trainer = trainer.with_gen_model_input_fn(gen_model_input_fn)
     assert trainer._lora_enabled == (row == "lora")
     train_step, _ = trainer.jit_train_and_eval_step(cache_nnx_graph=True)
@@ -89,17 +74,8 @@ def run_row(row: str, args) -> None:
     example = trainer._prepare_inputs(example)
     example = sharding_utils.shard_input(example, config.data_sharding_axis)
 
-    def one():
-        t0 = time.perf_counter()
-        loss, _, grad_norm = train_step(example)
-        jax.block_until_ready((loss, grad_norm))
-        dt = time.perf_counter() - t0
-        loss = float(loss)
-        assert np.isfinite(loss), loss
-        return dt, loss
-
-    first, med, loss0 = first_and_median(one, args.repeats)
-    emit_train("tunix", row, args, first, med, loss0)
+    first, med, loss0 = time_train_step(lambda: train_step(example), args.repeats)
+    emit_train("tunix", row, args.batch * args.seq_len, first, med, loss0)
 
 
 def main():

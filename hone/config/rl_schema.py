@@ -144,16 +144,28 @@ class PPOSection(RolloutKeys):
     ema_decay: float = field(default=0.99, metadata={"min": 0.0, "lt": 1.0})
 
 
-class _RLChecks:
-    def _check_rl(self, section: str):
-        s = getattr(self, section)
+@dataclass(frozen=True)
+class RLConfig(TrainConfig):
+    """What `hone grpo` and `hone ppo` share: prompt data and rewards. Subclasses add their
+    section, named by SECTION."""
+
+    SECTION = ""  # the algorithm's section (a class attribute, not a config key)
+    # Prompts with reference answers: `prompt` + `answer` (+ any columns rewards read).
+    data: DataSection = field(default_factory=_rl_data)
+    # The reward functions and their weights.
+    rewards: RewardsSection = field(default_factory=RewardsSection)
+
+    def __post_init__(self):
+        super().__post_init__()
+        name = self.SECTION
+        s = getattr(self, name)
         if self.train.batch_size % s.group_size:
             raise InputError(f"{self.train.batch_size} completions per step are not a whole "
-                             f"number of groups of {section}.group_size ({s.group_size})",
+                             f"number of groups of {name}.group_size ({s.group_size})",
                              key="train.batch_size")
         if s.reference == "adapters_off" and self.model.lora.rank == 0:
             raise InputError("switching adapters off needs adapters: set model.lora.rank > 0, "
-                             f"or {section}.reference to copy", key=f"{section}.reference")
+                             f"or {name}.reference to copy", key=f"{name}.reference")
         w = self.rewards.function_weights
         if w and len(w) != len(self.rewards.functions):
             raise InputError(f"{len(w)} weights for {len(self.rewards.functions)} functions",
@@ -161,38 +173,31 @@ class _RLChecks:
 
 
 @dataclass(frozen=True)
-class GRPOConfig(TrainConfig, _RLChecks):
+class GRPOConfig(RLConfig):
     """`hone grpo`: GRPO and its variants (Dr.GRPO, DAPO, GSPO, RLOO)."""
 
-    # Prompts with reference answers: `prompt` + `answer` (+ any columns rewards read).
-    data: DataSection = field(default_factory=_rl_data)
+    SECTION = "grpo"
     # Rollouts, advantages and the policy loss.
     grpo: GRPOSection = field(default_factory=GRPOSection)
-    # The reward functions and their weights.
-    rewards: RewardsSection = field(default_factory=RewardsSection)
 
     def __post_init__(self):
         super().__post_init__()
-        self._check_rl("grpo")
         g = self.grpo
         if g.group_size < 2 and (g.scale == "group" or g.leave_one_out):
             raise InputError("group advantages need at least 2 samples per prompt",
                              key="grpo.group_size")
-        if (self.train.batch_size // g.group_size) == 0:
-            raise InputError("no whole group fits in a step", key="train.batch_size")
 
 
 @dataclass(frozen=True)
-class PPOConfig(TrainConfig, _RLChecks):
+class PPOConfig(RLConfig):
     """`hone ppo`: PPO with a critic, GAE and a KL penalty in the reward."""
 
-    data: DataSection = field(default_factory=_rl_data)
+    SECTION = "ppo"
+    # Rollouts, the critic, the KL-shaped reward, GAE and the clipped losses.
     ppo: PPOSection = field(default_factory=PPOSection)
-    rewards: RewardsSection = field(default_factory=RewardsSection)
 
     def __post_init__(self):
         super().__post_init__()
-        self._check_rl("ppo")
         if self.train.batch_size % (self.ppo.minibatches * self.train.grad_accum):
             raise InputError(f"{self.train.batch_size} completions do not split into "
                              f"{self.ppo.minibatches} minibatches of {self.train.grad_accum} "

@@ -121,8 +121,7 @@ class Rollouts:
         parts, kept, spare, rounds = [(samples, result)], [], [], 0
         if extra_rounds:
             while True:
-                s_, r_ = parts[-1]
-                zero = _zero_std_groups(r_.total, g)
+                zero = _zero_std_groups(parts[-1][1].total, g)
                 kept += [(len(parts) - 1, k) for k in range(len(zero)) if not zero[k]]
                 spare += [(len(parts) - 1, k) for k in range(len(zero)) if zero[k]]
                 if len(kept) >= need or rounds >= extra_rounds:
@@ -132,7 +131,11 @@ class Rollouts:
                                         rounds))
             chosen = (kept + spare)[:need]
             samples = Samples.concat([parts[p][0].take_groups([k]) for p, k in chosen])
-            result = _concat_results([_take(parts[p][1], k, g) for p, k in chosen])
+            events: dict[str, int] = {}
+            for _, part in parts:  # every round's reward-function events, refills included
+                for name, count in part.events.items():
+                    events[name] = events.get(name, 0) + count
+            result = _concat_results([_take(parts[p][1], k, g) for p, k in chosen], events)
         rows = pack_rows(samples, self.s.max_prompt_tokens, self.s.max_new_tokens,
                          self.tokenizer.pad_id)
         metrics = self.metrics(samples, result)
@@ -168,14 +171,11 @@ def _take(result, k: int, g: int):
     return RewardResult(total=np.asarray(result.total)[sl],
                         per_function={n: np.asarray(v)[sl] for n, v in
                                       result.per_function.items()},
-                        events=dict(result.events))
+                        events={})
 
 
-def _concat_results(results):
+def _concat_results(results, events: dict[str, int]):
     from hone.rl.rewards import RewardResult
-    events: dict[str, int] = {}
-    for r in results[:1]:  # events belong to the rounds, not to groups: count them once
-        events.update(r.events)
     return RewardResult(total=np.concatenate([r.total for r in results]),
                         per_function={n: np.concatenate([r.per_function[n] for r in results])
                                       for n in results[0].per_function},

@@ -23,7 +23,7 @@ from hone.losses import token_logprobs
 from hone.losses.rl import gae, policy_loss, value_loss, whiten
 from hone.models.loading import load_tokenizer
 from hone.recipes.common import open_run
-from hone.recipes.grpo import reference_mode
+from hone.recipes.grpo import diagnostics, reference_mode
 from hone.recipes.rl_common import (Rollouts, load_prompts, make_rewards, make_rl_eval,
                                     policy_means, rl_optimizer)
 from hone.recipes.sft import build_model
@@ -58,14 +58,10 @@ def make_ppo_loss(cfg: PPOConfig):
                              agg="token-mean", denominator=normalizer)
         vl, vm = value_loss(values, mb["old_values"], mb["returns"], mask, clip=p.value_clip,
                             denominator=normalizer)
-        lsm = jax.nn.log_softmax(jax.lax.stop_gradient(logits).astype(jnp.float32), axis=-1)
-        entropy = -jnp.sum(jnp.exp(lsm) * lsm, axis=-1)
-        gap = (jax.lax.stop_gradient(logp) - mb["sampler_logp"]) * mask
-        metrics = dict(pm, value_clipped_sum=vm["value_clipped_sum"],
+        metrics = dict(pm, **diagnostics(logits, logp, mb),
+                       value_clipped_sum=vm["value_clipped_sum"],
                        policy_loss=jax.lax.stop_gradient(pl),
-                       value_loss=jax.lax.stop_gradient(vl),
-                       entropy_sum=jnp.sum(entropy * mask),
-                       sampler_gap_sum=jnp.sum(jnp.abs(gap)), sampler_gap_sq_sum=jnp.sum(gap * gap))
+                       value_loss=jax.lax.stop_gradient(vl))
         return pl + p.vf_coef * vl, metrics
 
     return loss_fn

@@ -58,7 +58,7 @@ def cmd_demo(args) -> int:
 
 
 def cmd_train(args) -> int:
-    """sft, dpo, reward, grpo, ppo: load the command's config class and run its recipe."""
+    """sft, dpo, reward, grpo, ppo, distill: load the command's config class and run its recipe."""
     from hone.config import COMMANDS, load_config
     from hone.train.loop import Interrupted
     cfg = load_config(COMMANDS[args.command], args.config, args.overrides)
@@ -70,6 +70,8 @@ def cmd_train(args) -> int:
         from hone.recipes.grpo import run_grpo as run
     elif args.command == "ppo":
         from hone.recipes.ppo import run_ppo as run
+    elif args.command == "distill":
+        from hone.recipes.distill import run_distill as run
     else:
         from hone.recipes.reward import run_reward as run
     try:
@@ -135,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_command(sub, "grpo", cmd_train,
                        "RL with group advantages: GRPO, Dr.GRPO, DAPO, GSPO, RLOO")
     _add_train_command(sub, "ppo", cmd_train, "RL with a critic: PPO, GAE, KL-shaped rewards")
+    _add_train_command(sub, "distill", cmd_train, "Knowledge distillation from a frozen teacher: "
+                       "logits (online, cached top-k), attention, features, sequence-level, "
+                       "on-policy (GKD)")
 
     exp = sub.add_parser("export", help="write a run's trained model as a Hugging Face folder "
                          "or a PEFT adapter",

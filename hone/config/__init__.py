@@ -5,14 +5,16 @@ from hone.config.loader import load_config
 from hone.config.schema import (CheckpointSection, DataSection, DPOConfig, DPOSection, LogSection,
                                 LoraSection, MeshSection, ModelSection, RewardConfig,
                                 RewardSection, SFTConfig, TrainConfig, TrainSection)
+from hone.config.distill_schema import DistillConfig, DistillSection, TeacherSection
 from hone.config.rl_schema import GRPOConfig, GRPOSection, PPOConfig, PPOSection, RewardsSection
 from hone.config.yaml_io import dump_yaml, to_dict
 
 # The config class of each training command (also used to read a run folder's config.yaml).
 COMMANDS = {"sft": SFTConfig, "dpo": DPOConfig, "reward": RewardConfig, "grpo": GRPOConfig,
-            "ppo": PPOConfig}
+            "ppo": PPOConfig, "distill": DistillConfig}
 
-__all__ = ["COMMANDS", "CheckpointSection", "DataSection", "DPOConfig", "DPOSection",
+__all__ = ["COMMANDS", "CheckpointSection", "DataSection", "DistillConfig", "DistillSection",
+           "TeacherSection", "DPOConfig", "DPOSection",
            "GRPOConfig", "GRPOSection", "PPOConfig", "PPOSection", "RewardsSection",
            "LogSection", "LoraSection", "MeshSection", "ModelSection", "RewardConfig",
            "RewardSection", "SFTConfig", "TrainConfig", "TrainSection", "check_fields",

@@ -143,6 +143,10 @@ class LogSection:
         metadata={"choices": ("console", "jsonl", "tensorboard", "prometheus")})
     # Peak FLOP/s of one device, for MFU; None = unknown, MFU not logged.
     peak_flops: float | None = field(default=None, metadata={"gt": 0.0})
+    # Port of the prometheus sink's /metrics endpoint; 0 = a free port, printed at start.
+    prometheus_port: int = field(default=9464, metadata={"min": 0, "max": 65535})
+    # Address the prometheus sink listens on; loopback by default, "0.0.0.0" = every interface.
+    prometheus_host: str = "127.0.0.1"
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@
 - TensorBoardSink: event files under run_dir/tensorboard (tensorboardX, no TensorFlow needed).
 - ConsoleSink: a one-line progress bar (step, loss, learning rate, tokens/s, ETA) on a terminal,
   plain lines otherwise.
+- PrometheusSink (hone.metrics.prometheus): the latest values as gauges on an HTTP /metrics
+  endpoint, served by process 0 only.
 """
 
 from __future__ import annotations
@@ -101,7 +103,8 @@ class ConsoleSink:
             self.stream.flush()
 
 
-def make_sinks(names, run_dir: Path, *, max_steps: int, resume_step: int | None) -> list:
+def make_sinks(names, run_dir: Path, *, max_steps: int, resume_step: int | None,
+               prometheus_port: int = 9464, prometheus_host: str = "127.0.0.1") -> list:
     sinks = []
     for name in names:
         if name == "console":
@@ -110,6 +113,12 @@ def make_sinks(names, run_dir: Path, *, max_steps: int, resume_step: int | None)
             sinks.append(JsonlSink(run_dir / "metrics.jsonl", resume_step))
         elif name == "tensorboard":
             sinks.append(TensorBoardSink(run_dir / "tensorboard"))
+        elif name == "prometheus":
+            import jax  # one endpoint per run: the other hosts would serve the same numbers
+
+            from hone.metrics.prometheus import PrometheusSink
+            if jax.process_index() == 0:
+                sinks.append(PrometheusSink(prometheus_port, prometheus_host))
         else:
             raise ValueError(f"unknown metrics sink {name!r}")
     return sinks

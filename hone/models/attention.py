@@ -70,8 +70,10 @@ class Attention(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
-    def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-        """q [B, T, N, H], k/v [B, S, K, H], mask [B, T, S] -> output [B, T, D]."""
+    def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+               return_probs: bool = False):
+        """q [B, T, N, H], k/v [B, S, K, H], mask [B, T, S] -> output [B, T, D]; with
+        return_probs also the float32 attention probabilities [B, N, T, S]."""
         b, t, n, h = q.shape
         qg = q.reshape(b, t, self.num_kv_heads, n // self.num_kv_heads, h)  # [B, T, K, G, H]
         scores = jnp.einsum("BTKGH,BSKH->BKGTS", qg, k,
@@ -80,11 +82,13 @@ class Attention(nnx.Module):
             scores = self.softcap * jnp.tanh(scores / self.softcap)
         scores = jnp.where(mask[:, None, None, :, :], scores, _MASKED)
         probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        out = jnp.einsum("BKGTS,BSKH->BTKGH", probs, v).reshape(b, t, n, h)
-        return self.o(out)
+        out = self.o(jnp.einsum("BKGTS,BSKH->BTKGH", probs, v).reshape(b, t, n, h))
+        if return_probs:
+            return out, probs.astype(jnp.float32).reshape(b, n, t, probs.shape[-1])
+        return out
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array,
-                 mask: jax.Array) -> jax.Array:
+                 mask: jax.Array, return_probs: bool = False):
         """Self-attention over the sequence itself (training and scoring; no cache)."""
         q, k, v = self.project_qkv(x, cos, sin)
-        return self.attend(q, k, v, mask)
+        return self.attend(q, k, v, mask, return_probs)

@@ -115,6 +115,24 @@ class Transformer(nnx.Module):
         default to the count of real tokens before each one, which is right for left and right
         padding alike. segment_ids [B, T] (packing): tokens attend only within their segment.
         """
+        return self.features(tokens, positions, attention_mask, segment_ids)[0]
+
+    def features(self, tokens: jax.Array, positions: jax.Array | None = None,
+                 attention_mask: jax.Array | None = None, segment_ids: jax.Array | None = None,
+                 *, hidden_layers: tuple[int, ...] = (), attention_layers: tuple[int, ...] = ()):
+        """(final-normed hidden [B, T, D], {"hidden": {l: [B, T, D]}, "attention": {l: [B, N,
+        T, T]}}) from one forward pass: the intermediate activations distillation matches.
+
+        hidden_layers index the residual stream as transformers' `hidden_states` does: 0 is
+        the embedding output, l >= 1 the output of block l (not final-normed). attention_layers
+        are 0-based block indices; their maps are the float32 softmax probabilities over keys.
+        """
+        n = len(self.layers)
+        if any(not 0 <= i <= n for i in hidden_layers) or any(
+                not 0 <= i < n for i in attention_layers):
+            raise ValueError(f"features: hidden_layers must lie in [0, {n}] and "
+                             f"attention_layers in [0, {n - 1}]; got {tuple(hidden_layers)} "
+                             f"and {tuple(attention_layers)}")
         b, t = tokens.shape
         valid = (jnp.ones((b, t), jnp.bool_) if attention_mask is None
                  else attention_mask.astype(jnp.bool_))
@@ -126,16 +144,36 @@ class Transformer(nnx.Module):
                  for kind in set(self.config.layer_types)}
         ropes = self.rope_for(positions)
         x = self.embedder.encode(tokens)
+        captured: dict = {"hidden": {}, "attention": {}}
+        if 0 in hidden_layers:
+            captured["hidden"][0] = x
 
         def run(layer, x, cos, sin, mask):
             return layer(x, lambda h: layer.attn(h, cos, sin, mask))
 
+        def run_probs(layer, x, cos, sin, mask):
+            probs = []
+
+            def attend(h):
+                out, p = layer.attn(h, cos, sin, mask, return_probs=True)
+                probs.append(p)
+                return out
+
+            return layer(x, attend), probs[0]
+
         if self.remat != "none":
             run = nnx.remat(run, policy=remat_policy(self.remat))
-        for layer in self.layers:
+            run_probs = nnx.remat(run_probs, policy=remat_policy(self.remat))
+        for i, layer in enumerate(self.layers):
             cos, sin = ropes[layer.layer_type]
-            x = run(layer, x, cos, sin, masks[layer.layer_type])
-        return self.final_norm(x)
+            if i in attention_layers:
+                x, captured["attention"][i] = run_probs(layer, x, cos, sin,
+                                                        masks[layer.layer_type])
+            else:
+                x = run(layer, x, cos, sin, masks[layer.layer_type])
+            if i + 1 in hidden_layers:
+                captured["hidden"][i + 1] = x
+        return self.final_norm(x), captured
 
     def __call__(self, tokens: jax.Array, positions: jax.Array | None = None,
                  attention_mask: jax.Array | None = None,

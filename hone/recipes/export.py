@@ -29,7 +29,8 @@ def load_run_model(run_dir: str | Path):
         raise InputError("not a run folder (no config.yaml)", path=str(run_dir))
     # The command's own section (dpo:, reward:, grpo:, ppo:) tells which config class wrote it.
     sections = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
-    command = next((c for c in ("dpo", "reward", "grpo", "ppo") if c in sections), "sft")
+    command = next((c for c in ("dpo", "reward", "grpo", "ppo", "distill") if c in sections),
+                   "sft")
     cfg = load_config(COMMANDS[command], str(run_dir / "config.yaml"))
     ckpt = Checkpointer(run_dir / "checkpoints", keep=cfg.checkpoint.keep, async_save=False)
     try:
@@ -41,12 +42,17 @@ def load_run_model(run_dir: str | Path):
     if command == "ppo":  # the policy of the actor-critic (the critic stays in the run)
         from hone.recipes.ppo import build_ppo_model
         model, trainable, _ = build_ppo_model(cfg)
+    elif command == "distill":  # the student (its feature projections stay in the run)
+        from hone.distill.student import build_student, teacher_width
+        model, trainable = build_student(cfg, teacher_width(cfg))
     else:
         model, trainable = (build_reward_model if command == "reward" else build_model)(cfg)
     graphdef, params, frozen = split_model(model, trainable)
     model = nnx.merge(graphdef, unflatten(params, state["params"]), frozen)
     if command == "ppo":
         model = model.policy
+    elif command == "distill":
+        model = model.model
     return model, load_tokenizer(cfg.model.source), cfg
 
 

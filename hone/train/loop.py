@@ -86,7 +86,8 @@ def run_loop(spec: LoopSpec, cfg, run_dir: Path) -> dict[str, Any]:
         spec.data.set_state(data_state)
         start = latest
     sinks = make_sinks(log.sinks, run_dir, max_steps=train.max_steps,
-                       resume_step=latest if latest is not None else None)
+                       resume_step=latest if latest is not None else None,
+                       prometheus_port=log.prometheus_port, prometheus_host=log.prometheus_host)
     last_saved = start if latest is not None else None
     if spec.eval_at_start and spec.eval_fn is not None and latest is None:
         for sink in sinks:

@@ -1,0 +1,145 @@
+"""The distillation train loss: one student forward (logits plus the intermediate activations
+asked for), the teacher's side from a forward in the same step or from cached top-k logits, and
+the weighted sum of the token-level divergence, attention transfer and feature matching.
+
+Sums and denominators: every term is a masked sum divided by a full-batch count (the
+normalizer dict: "targets" = trained tokens, "tokens" = real tokens, "rows" = rows with a real
+token), so micro-batches add up to the full batch's loss. The token divergence runs on the
+trained (loss-mask) tokens; attention and features on every real token, the prompt included,
+which is where most of the teacher's internal structure shows. Metrics are sums.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from hone.losses.distill import (attention_transfer_loss, distill_loss, feature_loss,
+                                 topk_logits)
+
+
+def normalizer(batch) -> dict:
+    real = batch["attention_mask"]
+    return {"targets": jnp.maximum(jnp.sum(batch["loss_mask"]), 1.0).astype(jnp.float32),
+            "tokens": jnp.maximum(jnp.sum(real), 1).astype(jnp.float32),
+            "rows": jnp.maximum(jnp.sum(jnp.any(real > 0, axis=-1)), 1).astype(jnp.float32)}
+
+
+def _norm(normalizer, name):
+    # The eval step passes a plain 1.0: then every loss is a sum (only metrics are read).
+    return normalizer[name] if isinstance(normalizer, dict) else normalizer
+
+
+def _inputs(mb):
+    return dict(positions=mb["positions"], attention_mask=mb["attention_mask"],
+                segment_ids=mb["segment_ids"])
+
+
+def teacher_forward(teacher_def, teacher_state, mb, maps):
+    """Teacher logits [B, T, V] (float32) and activations, with no gradient."""
+    teacher = nnx.merge(teacher_def, jax.lax.stop_gradient(teacher_state))
+    final, caps = teacher.features(
+        mb["tokens"], **_inputs(mb), hidden_layers=tuple(t for _, t in maps["hidden"]),
+        attention_layers=tuple(t for _, t in maps["attention"]))
+    return teacher.logits_from_hidden(final), final, caps
+
+
+def make_distill_loss(cfg, teacher_def, maps: dict):
+    """loss_fn(student, mb, normalizer, key, aux) for make_train_step; aux is the teacher's
+    state (None when the batch carries cached top-k logits)."""
+    d = cfg.distill
+
+    def loss_fn(student, mb, normalizer, key, aux):
+        model = student.model
+        final, caps = model.features(
+            mb["tokens"], **_inputs(mb), hidden_layers=tuple(s for s, _ in maps["hidden"]),
+            attention_layers=tuple(s for s, _ in maps["attention"]))
+        logits = model.logits_from_hidden(final)
+        if "teacher_values" in mb:  # offline: the cache's top-k
+            t_logits, topk = None, (mb["teacher_values"], mb["teacher_indices"])
+        else:
+            t_logits, t_final, t_caps = teacher_forward(teacher_def, aux, mb, maps)
+            topk = None
+            if d.top_k is not None:
+                topk, t_logits = topk_logits(t_logits, d.top_k), None
+        loss, metrics = distill_loss(
+            logits, t_logits, mb["loss_mask"], temperature=d.temperature, kind=d.kind,
+            beta=d.beta, alpha=d.alpha, targets=mb["targets"] if d.alpha is not None else None,
+            teacher_topk=topk, denominator=_norm(normalizer, "targets"))
+        metrics["targets"] = metrics.pop("tokens")
+        real = mb["attention_mask"]
+        if d.attention_weight:
+            total = 0.0
+            for s, t in maps["attention"]:
+                part, _ = attention_transfer_loss(caps["attention"][s], t_caps["attention"][t],
+                                                  real, denominator=1.0)
+                total = total + part
+            metrics["attention_sum"] = jax.lax.stop_gradient(total)
+            loss = loss + d.attention_weight * total / _norm(normalizer, "tokens")
+        if d.feature_weight:
+            pairs = maps["hidden"] or ((None, None),)
+            total, cos, m = 0.0, 0.0, {}
+            for i, (s, t) in enumerate(pairs):
+                h_s = final if s is None else caps["hidden"][s]
+                h_t = t_final if t is None else t_caps["hidden"][t]
+                proj = student.projections[i].kernel[...] if len(student.projections) else None
+                part, m = feature_loss(h_s, h_t, real, pool=d.feature_pool, kind=d.feature_kind,
+                                       projection=proj, denominator=1.0)
+                total, cos = total + part, cos + m["cos_sum"]
+            metrics["feature_sum"] = jax.lax.stop_gradient(total)
+            metrics["feature_cos_sum"] = cos / len(pairs)
+            metrics["feature_items"] = m.get("tokens", m.get("sequences"))
+            count = "tokens" if d.feature_pool == "none" else "rows"
+            loss = loss + d.feature_weight * total / _norm(normalizer, count)
+        metrics["real_tokens"] = jnp.sum(real).astype(jnp.float32)
+        metrics["rows"] = jnp.sum(jnp.any(real > 0, axis=-1)).astype(jnp.float32)
+        return loss, metrics
+
+    return loss_fn
+
+
+def make_eval_loss(teacher_def):
+    """loss_fn for make_eval_step: held-out sums of KL(teacher || student) at temperature 1, the
+    student's NLL, top-1 agreement and the cosine of the final hidden states (equal widths)."""
+
+    def loss_fn(student, mb, normalizer, key, aux):
+        model = student.model
+        final = model.hidden(mb["tokens"], **_inputs(mb))
+        logits = model.logits_from_hidden(final)
+        t_logits, t_final, _ = teacher_forward(teacher_def, aux, mb, {"hidden": (),
+                                                                      "attention": ()})
+        mask = mb["loss_mask"]
+        _, m = distill_loss(logits, t_logits, mask, temperature=1.0, kind="forward_kl",
+                            alpha=0.0, targets=mb["targets"], denominator=1.0)
+        out = {"targets": m["tokens"], "kl_sum": m["distill_sum"], "nll_sum": m["ce_sum"],
+               "top1_agree_sum": m["top1_agree_sum"]}
+        if final.shape[-1] == t_final.shape[-1]:
+            _, f = feature_loss(final, t_final, mask, pool="none", kind="cosine",
+                                denominator=1.0)
+            out["cos_sum"] = f["cos_sum"]
+        # The teacher's own NLL: the perplexity the student is chasing.
+        t_logp = jax.nn.log_softmax(t_logits, axis=-1)
+        nll = -jnp.take_along_axis(t_logp, mb["targets"][..., None], -1)[..., 0]
+        out["teacher_nll_sum"] = jnp.sum(jnp.where(mask > 0, nll, 0.0))
+        return jnp.float32(0.0), out
+
+    return loss_fn
+
+
+def train_means(row: dict, prefix: str = "") -> dict:
+    """Per-token means of a logged row's sums."""
+    p = prefix
+    targets = max(float(row.get(p + "targets", 0.0)), 1.0)
+    out = {}
+    for name, key in (("distill", "distill_sum"), ("ce", "ce_sum"),
+                      ("top1_agree", "top1_agree_sum"), ("kl", "kl_sum"), ("nll", "nll_sum"),
+                      ("cos", "cos_sum"), ("teacher_nll", "teacher_nll_sum")):
+        if p + key in row:
+            out[p + name] = row[p + key] / targets
+    if p + "attention_sum" in row:
+        out[p + "attention"] = row[p + "attention_sum"] / max(row.get(p + "real_tokens", 1), 1)
+    if p + "feature_sum" in row:
+        out[p + "feature_cos"] = (row[p + "feature_cos_sum"]
+                                  / max(row.get(p + "feature_items", 1), 1))
+    return out

@@ -1,0 +1,121 @@
+"""`hone distill`: knowledge distillation from a frozen teacher into a student.
+
+Modes (distill.mode; see hone/config/distill_schema.py): online (the teacher runs on every batch
+inside the train step), offline (its top-k logits are cached to run_dir once), sequence (the
+student learns the teacher's own answers with the SFT loss) and on_policy (GKD: the student's
+samples replace a share lmbda of the completions, and the teacher's distribution is distilled
+on them). Every mode evaluates the same way (hone/distill/evaluate.py), starting at step 0.
+
+The teacher lives in the same process, frozen: its state is an argument of the jitted step (no
+gradient, no optimizer state), stored in teacher.dtype.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flax import nnx
+
+from hone.config import DistillConfig
+from hone.data.loader import SFTData
+from hone.distill.evaluate import GreedyAgreement, eval_means, prompts_of
+from hone.distill.loss import make_distill_loss, make_eval_loss, normalizer, train_means
+from hone.distill.student import build_student, check_vocab, layer_maps, load_teacher
+from hone.losses import sft_loss
+from hone.models.loading import load_tokenizer
+from hone.recipes.common import compile_steps, open_run, summed_eval
+from hone.train.loop import LoopSpec, run_loop
+from hone.train.state import unflatten
+from hone.train.step import make_eval_step
+
+
+def sequence_loss(student, mb, normalizer, key, aux):
+    """The SFT loss on the teacher-written data (the teacher is not run)."""
+    logits = student.model(mb["tokens"], positions=mb["positions"],
+                           attention_mask=mb["attention_mask"], segment_ids=mb["segment_ids"])
+    loss, metrics = sft_loss(logits, mb["targets"], mb["loss_mask"], normalizer["targets"])
+    metrics["targets"] = metrics.pop("target_tokens")
+    return loss, metrics
+
+
+def _data(cfg, tokenizer, path: str, log, what: str) -> SFTData:
+    d = cfg.data
+    data = SFTData(path, tokenizer, format=d.format, max_length=d.max_length, pack=d.pack,
+                   loss_on=d.loss_on, overlong=d.overlong, max_records=d.max_records,
+                   batch_size=cfg.train.batch_size, seed=cfg.train.seed)
+    log(f"{what}: {data.describe()}")
+    return data
+
+
+def run_distill(cfg: DistillConfig, *, log=print):
+    """Train per cfg; returns (trained student Transformer, final train state)."""
+    d = cfg.distill
+    tokenizer = load_tokenizer(cfg.model.source)
+    teacher_def, teacher_state, teacher_cfg = load_teacher(cfg)
+    student, trainable = build_student(cfg, teacher_cfg.hidden_size)
+    same_vocab = student.config.vocab_size == teacher_cfg.vocab_size
+    if d.mode != "sequence":
+        check_vocab(student.config, teacher_cfg)
+    maps = layer_maps(cfg, student.config.num_layers, teacher_cfg.num_layers)
+    train_data = None if d.mode == "sequence" else _data(cfg, tokenizer, cfg.data.path, log,
+                                                         "data")
+    eval_data = _data(cfg, tokenizer, cfg.data.eval_path, log, "eval data") if (
+        cfg.data.eval_path) else None
+    run_dir = open_run(cfg)
+    teacher = nnx.merge(teacher_def, teacher_state)
+    if d.mode == "sequence":
+        from hone.distill.sequence import teacher_dataset
+        path = teacher_dataset(cfg, teacher, tokenizer, run_dir, log=log)
+        train_data = _data(cfg, tokenizer, str(path), log, "teacher data")
+        loss_fn = sequence_loss
+    else:
+        loss_fn = make_distill_loss(cfg, teacher_def, maps)
+    graphdef, params, frozen, state, step, _ = compile_steps(
+        cfg, student, trainable, loss_fn, normalizer)
+
+    data, aux = train_data.iterator(), teacher_state
+    if d.mode == "offline":
+        from hone.distill.cache import build_cache, cached_iterator
+        values, indices = build_cache(cfg, train_data.rows, teacher_def, teacher_state, run_dir,
+                                      batch_size=cfg.train.batch_size, log=log)
+        data = cached_iterator(train_data.rows, cfg.train.batch_size, cfg.train.seed,
+                               values, indices)
+        aux = None
+    elif d.mode == "sequence":
+        aux = None
+
+    def student_of(p):
+        return nnx.merge(graphdef, unflatten(params, p), frozen).model
+
+    prepare = None
+    if d.mode == "on_policy":
+        from hone.distill.on_policy import OnPolicy
+        prepare = OnPolicy(cfg, tokenizer, student_of, train_data.max_length,
+                           train_data.pad_id, log=log)
+
+    eval_fn = None
+    if eval_data is not None and same_vocab:
+        eval_step = make_eval_step(graphdef, params, make_eval_loss(teacher_def),
+                                   precision=cfg.train.precision)
+        summed = summed_eval(eval_step, frozen, eval_data, eval_means, aux=teacher_state)
+        agreement = None
+        if d.eval_prompts:
+            prompts, refs, _ = prompts_of(cfg.data.eval_path, tokenizer, d.eval_prompts)
+            if prompts:
+                agreement = GreedyAgreement(teacher, tokenizer, prompts, refs, d.max_new_tokens)
+
+        def eval_fn(p):
+            out = summed(p)
+            if agreement is not None:
+                out.update(agreement(student_of(p)))
+            return out
+
+    flops = student.config.flops_per_token(cfg.data.max_length)
+    if aux is not None:  # the teacher's forward: a third of its training cost per token
+        flops += teacher_cfg.flops_per_token(cfg.data.max_length) / 3
+    spec = LoopSpec(
+        train_step=step, state=state, frozen=frozen, data=data, eval_fn=eval_fn, aux=aux,
+        tokens_per_batch=lambda b: int(np.sum(b["attention_mask"])), flops_per_token=flops,
+        extra_metrics=train_means, prepare=prepare, eval_at_start=True)
+    final = run_loop(spec, cfg, run_dir)
+    return student_of(final["params"]), final
+

@@ -31,9 +31,24 @@ def _norm(normalizer, name):
     return normalizer[name] if isinstance(normalizer, dict) else normalizer
 
 
+INPUT_KEYS = ("tokens", "positions", "attention_mask", "segment_ids")
+
+
 def _inputs(mb):
     return dict(positions=mb["positions"], attention_mask=mb["attention_mask"],
                 segment_ids=mb["segment_ids"])
+
+
+def teacher_outputs(teacher_def, teacher_state, mb, maps):
+    """(logits or None, top-k or None, final hidden, activations) of the teacher: from
+    `mb["teacher"]` when a teacher on its own devices computed them, else a forward here."""
+    if "teacher" in mb:
+        t = mb["teacher"]
+        topk = (t["values"], t["indices"]) if "values" in t else None
+        return (t.get("logits"), topk, t["final"],
+                {"hidden": t["hidden"], "attention": t["attention"]})
+    logits, final, caps = teacher_forward(teacher_def, teacher_state, mb, maps)
+    return logits, None, final, caps
 
 
 def teacher_forward(teacher_def, teacher_state, mb, maps):
@@ -59,9 +74,8 @@ def make_distill_loss(cfg, teacher_def, maps: dict):
         if "teacher_values" in mb:  # offline: the cache's top-k
             t_logits, topk = None, (mb["teacher_values"], mb["teacher_indices"])
         else:
-            t_logits, t_final, t_caps = teacher_forward(teacher_def, aux, mb, maps)
-            topk = None
-            if d.top_k is not None:
+            t_logits, topk, t_final, t_caps = teacher_outputs(teacher_def, aux, mb, maps)
+            if d.top_k is not None and topk is None:
                 topk, t_logits = topk_logits(t_logits, d.top_k), None
         loss, metrics = distill_loss(
             logits, t_logits, mb["loss_mask"], temperature=d.temperature, kind=d.kind,
@@ -107,8 +121,8 @@ def make_eval_loss(teacher_def):
         model = student.model
         final = model.hidden(mb["tokens"], **_inputs(mb))
         logits = model.logits_from_hidden(final)
-        t_logits, t_final, _ = teacher_forward(teacher_def, aux, mb, {"hidden": (),
-                                                                      "attention": ()})
+        t_logits, _, t_final, _ = teacher_outputs(teacher_def, aux, mb,
+                                                  {"hidden": (), "attention": ()})
         mask = mb["loss_mask"]
         _, m = distill_loss(logits, t_logits, mask, temperature=1.0, kind="forward_kl",
                             alpha=0.0, targets=mb["targets"], denominator=1.0)

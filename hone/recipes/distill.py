@@ -60,6 +60,13 @@ def run_distill(cfg: DistillConfig, *, log=print):
                                                          "data")
     eval_data = _data(cfg, tokenizer, cfg.data.eval_path, log, "eval data") if (
         cfg.data.eval_path) else None
+    remote = None
+    if cfg.teacher.devices:
+        from hone.distill.placement import RemoteTeacher, split_devices
+        teacher_devices, student_device = split_devices(cfg.teacher.devices)
+        remote = RemoteTeacher(teacher_def, teacher_state, maps, d.top_k, teacher_devices,
+                               student_device)
+        teacher_state = remote.state
     run_dir = open_run(cfg)
     teacher = nnx.merge(teacher_def, teacher_state)
     if d.mode == "sequence":
@@ -91,12 +98,22 @@ def run_distill(cfg: DistillConfig, *, log=print):
         from hone.distill.on_policy import OnPolicy
         prepare = OnPolicy(cfg, tokenizer, student_of, train_data.max_length,
                            train_data.pad_id, log=log)
+    if remote is not None and aux is not None:  # the teacher's outputs arrive with the batch
+        aux, sample = None, prepare
+
+        def prepare(state, batch, step):
+            batch, host = sample(state, batch, step) if sample else (batch, {})
+            return dict(batch, teacher=remote(batch)), host
 
     eval_fn = None
     if eval_data is not None and same_vocab:
         eval_step = make_eval_step(graphdef, params, make_eval_loss(teacher_def),
                                    precision=cfg.train.precision)
-        summed = summed_eval(eval_step, frozen, eval_data, eval_means, aux=teacher_state)
+        if remote is None:
+            summed = summed_eval(eval_step, frozen, eval_data, eval_means, aux=teacher_state)
+        else:
+            from hone.distill.placement import WithTeacher
+            summed = summed_eval(eval_step, frozen, WithTeacher(eval_data, remote), eval_means)
         agreement = None
         if d.eval_prompts:
             prompts, refs, _ = prompts_of(cfg.data.eval_path, tokenizer, d.eval_prompts)
@@ -110,7 +127,7 @@ def run_distill(cfg: DistillConfig, *, log=print):
             return out
 
     flops = student.config.flops_per_token(cfg.data.max_length)
-    if aux is not None:  # the teacher's forward: a third of its training cost per token
+    if d.mode in ("online", "on_policy"):  # the teacher's forward: a third of its training cost per token
         flops += teacher_cfg.flops_per_token(cfg.data.max_length) / 3
     spec = LoopSpec(
         train_step=step, state=state, frozen=frozen, data=data, eval_fn=eval_fn, aux=aux,

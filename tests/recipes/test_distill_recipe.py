@@ -95,6 +95,7 @@ def test_student_layer_out_of_range_is_named(tmp_path, teacher):
 
 def test_sequence_level_trains_on_the_teachers_answers(tmp_path, teacher):
     cfg = config(tmp_path, teacher, "distill.mode=sequence", "distill.attention_weight=0",
+                 "teacher.dtype=bfloat16",
                  "distill.feature_weight=0", "data.max_records=32", "distill.gen_temperature=0",
                  "distill.max_new_tokens=16")
     run_distill(cfg, **QUIET)
@@ -141,3 +142,90 @@ def test_resume_continues_exactly_and_exports(tmp_path, teacher):
     out = export_run(tmp_path, tmp_path / "export")
     hf = transformers.AutoConfig.from_pretrained(str(out))
     assert hf.num_hidden_layers == 1
+
+
+def other_model(tmp_path, **changes) -> str:
+    """A random tiny-family model with some config fields changed, as a Hugging Face folder."""
+    import dataclasses
+
+    from hone.models.config import preset
+    from hone.models.hf import save_hf
+    from hone.models.loading import load_tokenizer
+    from hone.models.transformer import Transformer
+    base = preset("tiny")
+    layers = changes.get("num_layers", base.num_layers)
+    model = Transformer(dataclasses.replace(base, layer_types=("global",) * layers, **changes))
+    return str(save_hf(model, tmp_path / "student", load_tokenizer("tiny")))
+
+
+def test_feature_projection_between_widths_trains_and_lowers_its_loss(tmp_path, teacher):
+    """A 32-wide, 4-block student against the 64-wide teacher: the learned [32, 64] projection
+    trains with the student and the feature and attention terms fall (heads 2 vs 4: maps are
+    compared head-averaged)."""
+    student = other_model(tmp_path, hidden_size=32, num_heads=2, num_kv_heads=1, num_layers=4,
+                          intermediate_size=64)
+    cfg = config(tmp_path / "run", teacher, f"model.source={student}",
+                 "distill.student_layers=[]", "distill.feature_weight=1.0",
+                 "distill.feature_kind=l2", "distill.feature_layers=[2, 4]",
+                 "distill.feature_teacher_layers=[1, 2]", "distill.attention_weight=1.0",
+                 "distill.attention_layers=[1, 3]", "distill.attention_teacher_layers=[0, 1]",
+                 "train.max_steps=30", "train.eval_every=0", "data.eval_path=null")
+    run_distill(cfg, **QUIET)
+    train = [r for r in rows(tmp_path / "run") if "feature_sum" in r]
+    first, last = train[0], train[-1]
+    assert last["feature_sum"] / last["rows"] < 0.5 * first["feature_sum"] / first["rows"]
+    assert last["attention"] < first["attention"]
+    from hone.checkpoint import Checkpointer
+    ckpt = Checkpointer(tmp_path / "run" / "checkpoints", keep=2, async_save=False)
+    state, _ = ckpt.read()
+    ckpt.close()
+    kernels = [k for k in state["params"] if k.startswith("projections/")]
+    assert len(kernels) == 2 and state["params"][kernels[0]].shape == (32, 64)
+
+
+def test_vocabulary_mismatch_and_pairs_out_of_range_are_named(tmp_path, teacher):
+    student = other_model(tmp_path, vocab_size=300)
+    with pytest.raises(InputError, match="vocabulary"):
+        run_distill(config(tmp_path / "a", teacher, f"model.source={student}",
+                           "distill.student_layers=[]"), **QUIET)
+    with pytest.raises(InputError, match="distill.attention_layers"):
+        run_distill(config(tmp_path / "b", teacher, "distill.attention_layers=[3]"), **QUIET)
+    with pytest.raises(InputError, match="teacher.devices"):  # one device: none to spare
+        run_distill(config(tmp_path / "c", teacher, "teacher.devices=1"), **QUIET)
+    assert not any((tmp_path / n).exists() for n in "abc")  # nothing written
+
+
+SUB_MESH = """
+import json, sys
+from pathlib import Path
+import jax
+assert jax.device_count() == 2, jax.devices()
+from hone.config import DistillConfig, load_config
+from hone.recipes.distill import run_distill
+root, teacher, config = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+for devices in (0, 1):
+    cfg = load_config(DistillConfig, config, [
+        f"run_dir={root / str(devices)}", f"teacher.source={teacher}", f"model.source={teacher}",
+        f"teacher.devices={devices}", "log.sinks=[jsonl]", "checkpoint.async_save=false",
+        "train.max_steps=4", "train.eval_every=4", "train.eval_batches=1",
+        "distill.eval_prompts=2", "distill.max_new_tokens=8"])
+    run_distill(cfg, log=lambda s: None)
+"""
+
+
+def test_teacher_on_its_own_device_gives_the_same_run(tmp_path, teacher):
+    """Two host devices: the teacher on device 1 (its own program, its outputs moved to the
+    student's device 0) trains the same as the teacher inside the student's step."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+               JAX_PLATFORMS="cpu")
+    subprocess.run([sys.executable, "-c", SUB_MESH, str(tmp_path), teacher, TINY], env=env,
+                   check=True, cwd=ROOT, timeout=600)
+    same, remote = rows(tmp_path / "0"), rows(tmp_path / "1")
+    assert len(same) == len(remote) == 5
+    for a, b in zip(same, remote):
+        for key in ("loss", "distill", "attention", "feature_cos", "eval_kl", "eval_cos"):
+            if key in a:
+                np.testing.assert_allclose(b[key], a[key], rtol=1e-5, err_msg=key)

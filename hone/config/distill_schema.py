@@ -78,6 +78,10 @@ class DistillSection:
     # (0 = greedy).
     max_new_tokens: int = field(default=64, metadata={"min": 1})
     gen_temperature: float = field(default=1.0, metadata={"min": 0.0})
+    # A JSON object {"student id": teacher id} for a student whose vocabulary differs from the
+    # teacher's but splits text into the same pieces (a pruned or reordered vocabulary);
+    # None = one vocabulary.
+    vocab_map: str | None = None
     # Held-out prompts answered greedily by teacher and student at each evaluation
     # (agreement of their answers); 0 = skip.
     eval_prompts: int = field(default=32, metadata={"min": 0})

@@ -33,12 +33,13 @@ def fingerprint(rows: dict[str, np.ndarray]) -> str:
 
 def _meta(cfg, rows) -> dict:
     return {"teacher": cfg.teacher.source, "teacher_dtype": cfg.teacher.dtype,
+            "vocab_map": cfg.distill.vocab_map,
             "k": cfg.distill.top_k, "rows": int(len(rows["tokens"])),
             "length": int(rows["tokens"].shape[1]), "fingerprint": fingerprint(rows)}
 
 
 def build_cache(cfg, rows: dict[str, np.ndarray], teacher_def, teacher_state, run_dir: Path,
-                *, batch_size: int, log=print) -> tuple[np.ndarray, np.ndarray]:
+                *, batch_size: int, vocab=None, log=print) -> tuple[np.ndarray, np.ndarray]:
     """(values, indices) memory-mapped from run_dir/teacher_topk, computed first if missing or
     stale."""
     folder = Path(run_dir) / CACHE
@@ -60,7 +61,7 @@ def build_cache(cfg, rows: dict[str, np.ndarray], teacher_def, teacher_state, ru
 
     @jax.jit
     def top(state, mb):
-        logits, _, _ = teacher_forward(teacher_def, state, mb, maps)
+        logits, _, _ = teacher_forward(teacher_def, state, mb, maps, vocab)
         return topk_logits(logits, k)
 
     keys = ("tokens", "positions", "attention_mask", "segment_ids")

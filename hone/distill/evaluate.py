@@ -51,21 +51,22 @@ class GreedyAgreement:
     """student model -> {"eval_answer_agree", "eval_text_agree", "eval_accuracy",
     "eval_teacher_accuracy"} over the first `count` held-out prompts."""
 
-    def __init__(self, teacher, tokenizer, prompts: list[str], refs: list[str | None],
-                 max_new_tokens: int):
+    def __init__(self, teacher, teacher_tokenizer, teacher_prompts: list[str], tokenizer,
+                 prompts: list[str], refs: list[str | None], max_new_tokens: int):
+        """Each model reads the prompts rendered by its own tokenizer (chat template)."""
         from hone.sampling.generate import generate
         self.generate = generate
         self.tokenizer, self.prompts, self.refs = tokenizer, prompts, refs
         self.max_new_tokens = max_new_tokens
-        self.teacher = self._answers(teacher)
+        self.teacher = self._answers(teacher, teacher_tokenizer, teacher_prompts)
 
-    def _answers(self, model) -> list[str]:
-        outs = self.generate(model, self.tokenizer, self.prompts,
-                             max_new_tokens=self.max_new_tokens, temperature=0.0)
+    def _answers(self, model, tokenizer, prompts) -> list[str]:
+        outs = self.generate(model, tokenizer, prompts, max_new_tokens=self.max_new_tokens,
+                             temperature=0.0)
         return [o.text for o in outs]
 
     def __call__(self, student) -> dict:
-        mine = self._answers(student)
+        mine = self._answers(student, self.tokenizer, self.prompts)
         finals = [extract_answer(t) for t in mine]
         teacher_finals = [extract_answer(t) for t in self.teacher]
         out = {"eval_text_agree": float(np.mean([a == b for a, b in zip(mine, self.teacher)])),

@@ -39,7 +39,7 @@ def _inputs(mb):
                 segment_ids=mb["segment_ids"])
 
 
-def teacher_outputs(teacher_def, teacher_state, mb, maps):
+def teacher_outputs(teacher_def, teacher_state, mb, maps, vocab=None):
     """(logits or None, top-k or None, final hidden, activations) of the teacher: from
     `mb["teacher"]` when a teacher on its own devices computed them, else a forward here."""
     if "teacher" in mb:
@@ -47,20 +47,29 @@ def teacher_outputs(teacher_def, teacher_state, mb, maps):
         topk = (t["values"], t["indices"]) if "values" in t else None
         return (t.get("logits"), topk, t["final"],
                 {"hidden": t["hidden"], "attention": t["attention"]})
-    logits, final, caps = teacher_forward(teacher_def, teacher_state, mb, maps)
+    logits, final, caps = teacher_forward(teacher_def, teacher_state, mb, maps, vocab)
     return logits, None, final, caps
 
 
-def teacher_forward(teacher_def, teacher_state, mb, maps):
-    """Teacher logits [B, T, V] (float32) and activations, with no gradient."""
+def teacher_forward(teacher_def, teacher_state, mb, maps, vocab=None):
+    """Teacher logits [B, T, V] (float32) and activations, with no gradient. With a vocabulary
+    map ([Vs] teacher ids, -1 = none) the teacher reads the mapped ids and its logits come back
+    over the student's vocabulary (-inf where the teacher has no counterpart)."""
     teacher = nnx.merge(teacher_def, jax.lax.stop_gradient(teacher_state))
+    tokens = mb["tokens"]
+    if vocab is not None:
+        ids = jnp.asarray(vocab)
+        tokens = jnp.maximum(ids[tokens], 0)  # unmapped ids only on padding (checked on load)
     final, caps = teacher.features(
-        mb["tokens"], **_inputs(mb), hidden_layers=tuple(t for _, t in maps["hidden"]),
+        tokens, **_inputs(mb), hidden_layers=tuple(t for _, t in maps["hidden"]),
         attention_layers=tuple(t for _, t in maps["attention"]))
-    return teacher.logits_from_hidden(final), final, caps
+    logits = teacher.logits_from_hidden(final)
+    if vocab is not None:
+        logits = jnp.where(ids >= 0, jnp.take(logits, jnp.maximum(ids, 0), axis=-1), -jnp.inf)
+    return logits, final, caps
 
 
-def make_distill_loss(cfg, teacher_def, maps: dict):
+def make_distill_loss(cfg, teacher_def, maps: dict, vocab=None):
     """loss_fn(student, mb, normalizer, key, aux) for make_train_step; aux is the teacher's
     state (None when the batch carries cached top-k logits)."""
     d = cfg.distill
@@ -74,7 +83,7 @@ def make_distill_loss(cfg, teacher_def, maps: dict):
         if "teacher_values" in mb:  # offline: the cache's top-k
             t_logits, topk = None, (mb["teacher_values"], mb["teacher_indices"])
         else:
-            t_logits, topk, t_final, t_caps = teacher_outputs(teacher_def, aux, mb, maps)
+            t_logits, topk, t_final, t_caps = teacher_outputs(teacher_def, aux, mb, maps, vocab)
             if d.top_k is not None and topk is None:
                 topk, t_logits = topk_logits(t_logits, d.top_k), None
         loss, metrics = distill_loss(
@@ -113,7 +122,7 @@ def make_distill_loss(cfg, teacher_def, maps: dict):
     return loss_fn
 
 
-def make_eval_loss(teacher_def):
+def make_eval_loss(teacher_def, vocab=None):
     """loss_fn for make_eval_step: held-out sums of KL(teacher || student) at temperature 1, the
     student's NLL, top-1 agreement and the cosine of the final hidden states (equal widths)."""
 
@@ -122,7 +131,7 @@ def make_eval_loss(teacher_def):
         final = model.hidden(mb["tokens"], **_inputs(mb))
         logits = model.logits_from_hidden(final)
         t_logits, _, t_final, _ = teacher_outputs(teacher_def, aux, mb,
-                                                  {"hidden": (), "attention": ()})
+                                                  {"hidden": (), "attention": ()}, vocab)
         mask = mb["loss_mask"]
         _, m = distill_loss(logits, t_logits, mask, temperature=1.0, kind="forward_kl",
                             alpha=0.0, targets=mb["targets"], denominator=1.0)

@@ -31,7 +31,7 @@ class RemoteTeacher:
     student's device; `state` is the teacher's weights, replicated over its sub-mesh."""
 
     def __init__(self, teacher_def, teacher_state, maps: dict, top_k: int | None, devices,
-                 student_device):
+                 student_device, vocab=None):
         mesh = Mesh(np.array(devices), ("data",))
         self.count = len(devices)
         self.replicated = NamedSharding(mesh, PartitionSpec())
@@ -40,7 +40,7 @@ class RemoteTeacher:
         self.state = jax.device_put(teacher_state, self.replicated)
 
         def forward(state, mb, k):
-            logits, final, caps = teacher_forward(teacher_def, state, mb, maps)
+            logits, final, caps = teacher_forward(teacher_def, state, mb, maps, vocab)
             out = {"final": final, "hidden": caps["hidden"], "attention": caps["attention"]}
             if k is None:
                 out["logits"] = logits

@@ -15,7 +15,9 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
+import numpy as np
 from flax import nnx
 
 from hone.errors import InputError
@@ -113,11 +115,60 @@ def build_student(cfg, teacher_width: int):
     return student, trainable
 
 
-def check_vocab(student_cfg, teacher_cfg) -> None:
-    """Token-level distillation compares distributions over one vocabulary."""
-    if student_cfg.vocab_size != teacher_cfg.vocab_size:
-        raise InputError(f"student vocabulary {student_cfg.vocab_size} differs from the "
-                         f"teacher's {teacher_cfg.vocab_size}: token-level distillation needs "
-                         "one tokenizer (use distill.mode: sequence across tokenizers)",
-                         key="teacher.source")
+def check_vocab(student_cfg, teacher_cfg, vocab_map: str | None) -> np.ndarray | None:
+    """Token-level distillation compares distributions over one vocabulary: the same one, or
+    the student's through `distill.vocab_map`; returns the map ([Vs] teacher ids, -1 where
+    the teacher has no counterpart) or None."""
+    vs, vt = student_cfg.vocab_size, teacher_cfg.vocab_size
+    if vocab_map is None:
+        if vs != vt:
+            raise InputError(f"student vocabulary {vs} differs from the teacher's {vt}: "
+                             "token-level distillation needs one vocabulary, or a map from the "
+                             "student's token ids to the teacher's (distill.vocab_map), or "
+                             "distill.mode: sequence (text only)", key="teacher.source")
+        return None
+    return load_vocab_map(vocab_map, vs, vt)
+
+
+def load_vocab_map(path: str, student_vocab: int, teacher_vocab: int) -> np.ndarray:
+    """A JSON object {"student id": teacher id, ...} -> int32 [student_vocab], -1 where unmapped.
+
+    For students whose tokenizer splits text into the same pieces under other ids (a pruned or
+    reordered vocabulary): the teacher reads the mapped ids, and its distribution is read at
+    the mapped ids (its mass on tokens the student lacks is renormalised away)."""
+    import json
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise InputError(f"cannot read the vocabulary map ({err})", path=path,
+                         key="distill.vocab_map") from err
+    if not isinstance(raw, dict) or not raw:
+        raise InputError("must be a non-empty JSON object {\"student id\": teacher id}",
+                         path=path, key="distill.vocab_map")
+    out = np.full((student_vocab,), -1, np.int32)
+    for key, value in raw.items():
+        try:
+            s = int(key)
+        except ValueError:
+            s = -1
+        if not 0 <= s < student_vocab:
+            raise InputError(f"key {key!r} is not a student token id in [0, {student_vocab})",
+                             path=path, key="distill.vocab_map")
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < teacher_vocab:
+            raise InputError(f"student id {key} maps to {value!r}, not a teacher token id in "
+                             f"[0, {teacher_vocab})", path=path, key="distill.vocab_map")
+        out[s] = value
+    return out
+
+
+def check_mapped(vocab: np.ndarray | None, rows: dict, path: str) -> None:
+    """Every student token the teacher must read has a teacher counterpart."""
+    if vocab is None:
+        return
+    tokens = rows["tokens"][rows["attention_mask"] > 0]
+    missing = np.unique(tokens[vocab[tokens] < 0])
+    if missing.size:
+        raise InputError(f"student token ids {missing[:8].tolist()} occur in the data but have "
+                         "no teacher id in distill.vocab_map", path=path,
+                         key="distill.vocab_map")
 

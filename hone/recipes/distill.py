@@ -19,7 +19,8 @@ from hone.config import DistillConfig
 from hone.data.loader import SFTData
 from hone.distill.evaluate import GreedyAgreement, eval_means, prompts_of
 from hone.distill.loss import make_distill_loss, make_eval_loss, normalizer, train_means
-from hone.distill.student import build_student, check_vocab, layer_maps, load_teacher
+from hone.distill.student import (build_student, check_mapped, check_vocab, layer_maps,
+                                  load_teacher)
 from hone.losses import sft_loss
 from hone.models.loading import load_tokenizer
 from hone.recipes.common import compile_steps, open_run, summed_eval
@@ -52,30 +53,38 @@ def run_distill(cfg: DistillConfig, *, log=print):
     tokenizer = load_tokenizer(cfg.model.source)
     teacher_def, teacher_state, teacher_cfg = load_teacher(cfg)
     student, trainable = build_student(cfg, teacher_cfg.hidden_size)
-    same_vocab = student.config.vocab_size == teacher_cfg.vocab_size
-    if d.mode != "sequence":
-        check_vocab(student.config, teacher_cfg)
+    vocab = None
+    if d.mode != "sequence" or d.vocab_map is not None:
+        vocab = check_vocab(student.config, teacher_cfg, d.vocab_map)
+    # Token-level evaluation (KL, teacher perplexity) needs one vocabulary, or the map.
+    same_vocab = student.config.vocab_size == teacher_cfg.vocab_size or vocab is not None
+    teacher_tok = (tokenizer if cfg.teacher.source == cfg.model.source
+                   else load_tokenizer(cfg.teacher.source))
     maps = layer_maps(cfg, student.config.num_layers, teacher_cfg.num_layers)
     train_data = None if d.mode == "sequence" else _data(cfg, tokenizer, cfg.data.path, log,
                                                          "data")
     eval_data = _data(cfg, tokenizer, cfg.data.eval_path, log, "eval data") if (
         cfg.data.eval_path) else None
+    for data in (train_data, eval_data):
+        if data is not None:
+            check_mapped(vocab, data.rows, data.path)
     remote = None
     if cfg.teacher.devices:
         from hone.distill.placement import RemoteTeacher, split_devices
         teacher_devices, student_device = split_devices(cfg.teacher.devices)
         remote = RemoteTeacher(teacher_def, teacher_state, maps, d.top_k, teacher_devices,
-                               student_device)
+                               student_device, vocab)
         teacher_state = remote.state
     run_dir = open_run(cfg)
     teacher = nnx.merge(teacher_def, teacher_state)
     if d.mode == "sequence":
         from hone.distill.sequence import teacher_dataset
-        path = teacher_dataset(cfg, teacher, tokenizer, run_dir, log=log)
+        path = teacher_dataset(cfg, teacher, teacher_tok, run_dir, log=log)
         train_data = _data(cfg, tokenizer, str(path), log, "teacher data")
+        check_mapped(vocab, train_data.rows, train_data.path)
         loss_fn = sequence_loss
     else:
-        loss_fn = make_distill_loss(cfg, teacher_def, maps)
+        loss_fn = make_distill_loss(cfg, teacher_def, maps, vocab)
     graphdef, params, frozen, state, step, _ = compile_steps(
         cfg, student, trainable, loss_fn, normalizer)
 
@@ -83,7 +92,7 @@ def run_distill(cfg: DistillConfig, *, log=print):
     if d.mode == "offline":
         from hone.distill.cache import build_cache, cached_iterator
         values, indices = build_cache(cfg, train_data.rows, teacher_def, teacher_state, run_dir,
-                                      batch_size=cfg.train.batch_size, log=log)
+                                      batch_size=cfg.train.batch_size, vocab=vocab, log=log)
         data = cached_iterator(train_data.rows, cfg.train.batch_size, cfg.train.seed,
                                values, indices)
         aux = None
@@ -107,7 +116,7 @@ def run_distill(cfg: DistillConfig, *, log=print):
 
     eval_fn = None
     if eval_data is not None and same_vocab:
-        eval_step = make_eval_step(graphdef, params, make_eval_loss(teacher_def),
+        eval_step = make_eval_step(graphdef, params, make_eval_loss(teacher_def, vocab),
                                    precision=cfg.train.precision)
         if remote is None:
             summed = summed_eval(eval_step, frozen, eval_data, eval_means, aux=teacher_state)
@@ -118,7 +127,9 @@ def run_distill(cfg: DistillConfig, *, log=print):
         if d.eval_prompts:
             prompts, refs, _ = prompts_of(cfg.data.eval_path, tokenizer, d.eval_prompts)
             if prompts:
-                agreement = GreedyAgreement(teacher, tokenizer, prompts, refs, d.max_new_tokens)
+                teacher_prompts = prompts_of(cfg.data.eval_path, teacher_tok, d.eval_prompts)[0]
+                agreement = GreedyAgreement(teacher, teacher_tok, teacher_prompts, tokenizer,
+                                            prompts, refs, d.max_new_tokens)
 
         def eval_fn(p):
             out = summed(p)

@@ -229,3 +229,45 @@ def test_teacher_on_its_own_device_gives_the_same_run(tmp_path, teacher):
         for key in ("loss", "distill", "attention", "feature_cos", "eval_kl", "eval_cos"):
             if key in a:
                 np.testing.assert_allclose(b[key], a[key], rtol=1e-5, err_msg=key)
+
+
+def test_vocabulary_map_lets_a_larger_vocabulary_learn_from_the_teacher(tmp_path, teacher):
+    """A student with 300 token ids (the tiny tokenizer uses the first 264) distils through a
+    map of the ids the two share; a map missing a token the data uses is refused, naming it."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    import hone
+    from hone.distill.loss import teacher_forward
+    student = other_model(tmp_path, vocab_size=300)
+    full = tmp_path / "map.json"
+    full.write_text(json.dumps({str(i): i for i in range(264)}))
+    run_distill(config(tmp_path / "run", teacher, f"model.source={student}",
+                       "distill.student_layers=[]", f"distill.vocab_map={full}",
+                       "train.max_steps=20", "train.eval_every=20", "distill.eval_prompts=2",
+                       "train.eval_batches=1"), **QUIET)
+    e = evals(tmp_path / "run")
+    assert e[-1]["eval_kl"] < 0.5 * e[0]["eval_kl"]
+    # The teacher's logits come back over the student's ids: the mapped entries, -inf elsewhere.
+    model = hone.load_model(teacher)
+    graphdef, state = nnx.split(model)
+    vocab = np.full(300, -1, np.int32)
+    vocab[:264] = np.arange(264)[::-1]
+    tokens = np.array([[5, 70, 100]], np.int32)
+    mb = {"tokens": tokens, "positions": np.arange(3)[None], "attention_mask": np.ones((1, 3)),
+          "segment_ids": np.ones((1, 3), np.int32)}
+    mapped, _, _ = teacher_forward(graphdef, state, mb, {"hidden": (), "attention": ()}, vocab)
+    plain = model(jnp.asarray(vocab[tokens]))
+    np.testing.assert_array_equal(np.asarray(mapped[..., :264]), np.asarray(plain[..., ::-1]))
+    assert np.all(np.isneginf(np.asarray(mapped[..., 264:])))
+    partial = tmp_path / "partial.json"
+    partial.write_text(json.dumps({str(i): i for i in range(200)}))
+    with pytest.raises(InputError, match="no teacher id"):
+        run_distill(config(tmp_path / "bad", teacher, f"model.source={student}",
+                           "distill.student_layers=[]", f"distill.vocab_map={partial}"),
+                    **QUIET)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"7": 999}))
+    with pytest.raises(InputError, match="not a teacher token id"):
+        run_distill(config(tmp_path / "bad2", teacher, f"model.source={student}",
+                           "distill.student_layers=[]", f"distill.vocab_map={bad}"), **QUIET)

@@ -12,6 +12,9 @@ gradient, no optimizer state), stored in teacher.dtype.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 from flax import nnx
 
@@ -47,20 +50,76 @@ def _data(cfg, tokenizer, path: str, log, what: str) -> SFTData:
     return data
 
 
+@dataclass
+class Teacher:
+    """The frozen teacher's pieces: graph, weights (on its own devices when `remote`), model
+    config, tokenizer, vocabulary map (or None) and the remote runner (or None)."""
+    graphdef: Any
+    state: Any
+    config: Any
+    tokenizer: Any
+    vocab: np.ndarray | None
+    remote: Any = None
+
+    @property
+    def model(self):
+        return nnx.merge(self.graphdef, self.state)
+
+
+def _teacher(cfg, loaded, student, tokenizer) -> tuple[Teacher, dict]:
+    """The loaded teacher (graphdef, state, config), checked against the student (vocabulary,
+    layer pairs), and the layer maps."""
+    d = cfg.distill
+    graphdef, state, config = loaded
+    vocab = None
+    if d.mode != "sequence" or d.vocab_map is not None:
+        vocab = check_vocab(student.config, config, d.vocab_map)
+    tok = (tokenizer if cfg.teacher.source == cfg.model.source
+           else load_tokenizer(cfg.teacher.source))
+    maps = layer_maps(cfg, student.config.num_layers, config.num_layers)
+    teacher = Teacher(graphdef, state, config, tok, vocab)
+    if cfg.teacher.devices:
+        from hone.distill.placement import RemoteTeacher, split_devices
+        devices, student_device = split_devices(cfg.teacher.devices)
+        teacher.remote = RemoteTeacher(graphdef, state, maps, d.top_k, devices, student_device,
+                                       vocab)
+        teacher.state = teacher.remote.state
+    return teacher, maps
+
+
+def _evaluation(cfg, teacher: Teacher, tokenizer, eval_step, frozen, eval_data, student_of):
+    """params -> held-out metrics: the summed token metrics plus greedy-answer agreement."""
+    if teacher.remote is None:
+        summed = summed_eval(eval_step, frozen, eval_data, eval_means, aux=teacher.state)
+    else:
+        from hone.distill.placement import WithTeacher
+        summed = summed_eval(eval_step, frozen, WithTeacher(eval_data, teacher.remote),
+                             eval_means)
+    d, agreement = cfg.distill, None
+    if d.eval_prompts:
+        prompts, refs, _ = prompts_of(cfg.data.eval_path, tokenizer, d.eval_prompts)
+        if prompts:
+            theirs = prompts_of(cfg.data.eval_path, teacher.tokenizer, d.eval_prompts)[0]
+            agreement = GreedyAgreement(teacher.model, teacher.tokenizer, theirs, tokenizer,
+                                        prompts, refs, d.max_new_tokens)
+
+    def evaluate(p):
+        out = summed(p)
+        if agreement is not None:
+            out.update(agreement(student_of(p)))
+        return out
+
+    return evaluate
+
+
 def run_distill(cfg: DistillConfig, *, log=print):
     """Train per cfg; returns (trained student Transformer, final train state)."""
     d = cfg.distill
     tokenizer = load_tokenizer(cfg.model.source)
-    teacher_def, teacher_state, teacher_cfg = load_teacher(cfg)
-    student, trainable = build_student(cfg, teacher_cfg.hidden_size)
-    vocab = None
-    if d.mode != "sequence" or d.vocab_map is not None:
-        vocab = check_vocab(student.config, teacher_cfg, d.vocab_map)
-    # Token-level evaluation (KL, teacher perplexity) needs one vocabulary, or the map.
-    same_vocab = student.config.vocab_size == teacher_cfg.vocab_size or vocab is not None
-    teacher_tok = (tokenizer if cfg.teacher.source == cfg.model.source
-                   else load_tokenizer(cfg.teacher.source))
-    maps = layer_maps(cfg, student.config.num_layers, teacher_cfg.num_layers)
+    loaded = load_teacher(cfg)
+    student, trainable = build_student(cfg, loaded[2].hidden_size)
+    teacher, maps = _teacher(cfg, loaded, student, tokenizer)
+    vocab = teacher.vocab
     train_data = None if d.mode == "sequence" else _data(cfg, tokenizer, cfg.data.path, log,
                                                          "data")
     eval_data = _data(cfg, tokenizer, cfg.data.eval_path, log, "eval data") if (
@@ -68,31 +127,26 @@ def run_distill(cfg: DistillConfig, *, log=print):
     for data in (train_data, eval_data):
         if data is not None:
             check_mapped(vocab, data.rows, data.path)
-    remote = None
-    if cfg.teacher.devices:
-        from hone.distill.placement import RemoteTeacher, split_devices
-        teacher_devices, student_device = split_devices(cfg.teacher.devices)
-        remote = RemoteTeacher(teacher_def, teacher_state, maps, d.top_k, teacher_devices,
-                               student_device, vocab)
-        teacher_state = remote.state
     run_dir = open_run(cfg)
-    teacher = nnx.merge(teacher_def, teacher_state)
     if d.mode == "sequence":
         from hone.distill.sequence import teacher_dataset
-        path = teacher_dataset(cfg, teacher, teacher_tok, run_dir, log=log)
+        path = teacher_dataset(cfg, teacher.model, teacher.tokenizer, run_dir, log=log)
         train_data = _data(cfg, tokenizer, str(path), log, "teacher data")
         check_mapped(vocab, train_data.rows, train_data.path)
         loss_fn = sequence_loss
     else:
-        loss_fn = make_distill_loss(cfg, teacher_def, maps, vocab)
+        loss_fn = make_distill_loss(cfg, teacher.graphdef, maps, vocab)
     graphdef, params, frozen, state, step, _ = compile_steps(
         cfg, student, trainable, loss_fn, normalizer)
 
-    data, aux = train_data.iterator(), teacher_state
+    # Where the teacher's side of the loss comes from: a forward in the step (aux = its
+    # weights), the cache, its own devices (with the batch), or nowhere (sequence-level).
+    data, aux = train_data.iterator(), teacher.state
     if d.mode == "offline":
         from hone.distill.cache import build_cache, cached_iterator
-        values, indices = build_cache(cfg, train_data.rows, teacher_def, teacher_state, run_dir,
-                                      batch_size=cfg.train.batch_size, vocab=vocab, log=log)
+        values, indices = build_cache(cfg, train_data.rows, teacher.graphdef, teacher.state,
+                                      run_dir, batch_size=cfg.train.batch_size, vocab=vocab,
+                                      log=log)
         data = cached_iterator(train_data.rows, cfg.train.batch_size, cfg.train.seed,
                                values, indices)
         aux = None
@@ -107,43 +161,27 @@ def run_distill(cfg: DistillConfig, *, log=print):
         from hone.distill.on_policy import OnPolicy
         prepare = OnPolicy(cfg, tokenizer, student_of, train_data.max_length,
                            train_data.pad_id, log=log)
-    if remote is not None and aux is not None:  # the teacher's outputs arrive with the batch
+    if teacher.remote is not None and aux is not None:
         aux, sample = None, prepare
 
         def prepare(state, batch, step):
             batch, host = sample(state, batch, step) if sample else (batch, {})
-            return dict(batch, teacher=remote(batch)), host
+            return dict(batch, teacher=teacher.remote(batch)), host
 
     eval_fn = None
-    if eval_data is not None and same_vocab:
-        eval_step = make_eval_step(graphdef, params, make_eval_loss(teacher_def, vocab),
+    same_vocab = student.config.vocab_size == teacher.config.vocab_size or vocab is not None
+    if eval_data is not None and same_vocab:  # token metrics need one vocabulary (or the map)
+        eval_step = make_eval_step(graphdef, params, make_eval_loss(teacher.graphdef, vocab),
                                    precision=cfg.train.precision)
-        if remote is None:
-            summed = summed_eval(eval_step, frozen, eval_data, eval_means, aux=teacher_state)
-        else:
-            from hone.distill.placement import WithTeacher
-            summed = summed_eval(eval_step, frozen, WithTeacher(eval_data, remote), eval_means)
-        agreement = None
-        if d.eval_prompts:
-            prompts, refs, _ = prompts_of(cfg.data.eval_path, tokenizer, d.eval_prompts)
-            if prompts:
-                teacher_prompts = prompts_of(cfg.data.eval_path, teacher_tok, d.eval_prompts)[0]
-                agreement = GreedyAgreement(teacher, teacher_tok, teacher_prompts, tokenizer,
-                                            prompts, refs, d.max_new_tokens)
-
-        def eval_fn(p):
-            out = summed(p)
-            if agreement is not None:
-                out.update(agreement(student_of(p)))
-            return out
+        eval_fn = _evaluation(cfg, teacher, tokenizer, eval_step, frozen, eval_data,
+                              student_of)
 
     flops = student.config.flops_per_token(cfg.data.max_length)
-    if d.mode in ("online", "on_policy"):  # the teacher's forward: a third of its training cost per token
-        flops += teacher_cfg.flops_per_token(cfg.data.max_length) / 3
+    if d.mode in ("online", "on_policy"):  # + the teacher's forward, a third of training's
+        flops += teacher.config.flops_per_token(cfg.data.max_length) / 3
     spec = LoopSpec(
         train_step=step, state=state, frozen=frozen, data=data, eval_fn=eval_fn, aux=aux,
         tokens_per_batch=lambda b: int(np.sum(b["attention_mask"])), flops_per_token=flops,
         extra_metrics=train_means, prepare=prepare, eval_at_start=True)
     final = run_loop(spec, cfg, run_dir)
     return student_of(final["params"]), final
-

@@ -110,6 +110,9 @@ class DistillConfig(TrainConfig):
             raise InputError("sequence-level distillation trains on the teacher's text with "
                              "the SFT loss; attention, feature and top_k settings do not apply",
                              key="distill.mode")
+        if d.mode == "on_policy" and self.data.pack:
+            raise InputError("on-policy distillation samples one completion per row: set "
+                             "data.pack to false", key="data.pack")
         if len(set(d.student_layers)) != len(d.student_layers) or list(
                 d.student_layers) != sorted(d.student_layers):
             raise InputError(f"{list(d.student_layers)} must be increasing block indices",

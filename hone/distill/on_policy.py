@@ -33,14 +33,10 @@ def split_prompts(batch: dict) -> list[list[int] | None]:
 class OnPolicy:
     """prepare(state, batch, step) -> (batch with student completions or as given, host metrics)."""
 
-    def __init__(self, cfg, tokenizer, student_of, max_length: int, pad_id: int, *, log=print):
+    def __init__(self, cfg, tokenizer, student_of, max_length: int, pad_id: int):
         self.d, self.seed = cfg.distill, cfg.train.seed
         self.tokenizer, self.student_of = tokenizer, student_of
-        self.max_length, self.pad_id = max_length, pad_id
-        if cfg.data.pack:
-            from hone.errors import InputError
-            raise InputError("on-policy distillation samples one completion per row: set "
-                             "data.pack to false", key="data.pack")
+        self.max_length, self.pad_id = max_length, pad_id  # rows are padded (config rule)
 
     def coin(self, step: int) -> bool:
         return bool(np.random.default_rng([self.seed, step]).random() < self.d.lmbda)

@@ -160,7 +160,7 @@ def run_distill(cfg: DistillConfig, *, log=print):
     if d.mode == "on_policy":
         from hone.distill.on_policy import OnPolicy
         prepare = OnPolicy(cfg, tokenizer, student_of, train_data.max_length,
-                           train_data.pad_id, log=log)
+                           train_data.pad_id)
     if teacher.remote is not None and aux is not None:
         aux, sample = None, prepare
 

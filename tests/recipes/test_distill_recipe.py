@@ -86,6 +86,8 @@ def test_offline_mode_needs_top_k_and_pairs_must_match():
         DistillConfig(distill=DistillConfig().distill.__class__(mode="offline"))
     with pytest.raises(InputError, match="teacher layers"):
         load_config(DistillConfig, TINY, ["distill.attention_teacher_layers=[0, 1]"])
+    with pytest.raises(InputError, match="data.pack"):
+        load_config(DistillConfig, TINY, ["distill.mode=on_policy", "data.pack=true"])
 
 
 def test_student_layer_out_of_range_is_named(tmp_path, teacher):

@@ -14,11 +14,12 @@ import hashlib
 import json
 import shutil
 from pathlib import Path
+
 import jax
 import numpy as np
 
-from hone.data.loader import TrainIterator
-from hone.distill.loss import teacher_forward
+from hone.data.loader import TrainIterator, ordered_batches
+from hone.distill.loss import INPUT_KEYS, NO_MAPS, teacher_forward
 from hone.losses.distill import topk_logits
 
 CACHE = "teacher_topk"
@@ -57,20 +58,19 @@ def build_cache(cfg, rows: dict[str, np.ndarray], teacher_def, teacher_state, ru
     r, length, k = want["rows"], want["length"], want["k"]
     values = np.lib.format.open_memmap(tmp / "values.npy", "w+", np.float32, (r, length, k))
     indices = np.lib.format.open_memmap(tmp / "indices.npy", "w+", np.int32, (r, length, k))
-    maps = {"hidden": (), "attention": ()}
 
     @jax.jit
     def top(state, mb):
-        logits, _, _ = teacher_forward(teacher_def, state, mb, maps, vocab)
+        logits, _, _ = teacher_forward(teacher_def, state, mb, NO_MAPS, vocab)
         return topk_logits(logits, k)
 
-    keys = ("tokens", "positions", "attention_mask", "segment_ids")
-    for start in range(0, r, batch_size):
-        mb = {key: rows[key][start:start + batch_size] for key in keys}
-        n = len(mb["tokens"])
-        if n < batch_size:  # one compiled shape: pad the last batch with copies of row 0
-            mb = {key: np.concatenate([v, np.repeat(v[:1], batch_size - n, 0)])
-                  for key, v in mb.items()}
+    inputs = {key: rows[key] for key in INPUT_KEYS}
+    # One compiled shape: the short last batch is filled with copies of row 0 (then dropped).
+    batches = ordered_batches(inputs, batch_size, -(-r // batch_size),
+                              lambda n: {key: np.repeat(v[:1], n, 0) for key, v in inputs.items()})
+    for b, mb in enumerate(batches):
+        start = b * batch_size
+        n = min(batch_size, r - start)
         v, i = jax.device_get(top(teacher_state, mb))
         values[start:start + n], indices[start:start + n] = v[:n], i[:n]
     values.flush()

@@ -31,12 +31,12 @@ def _norm(normalizer, name):
     return normalizer[name] if isinstance(normalizer, dict) else normalizer
 
 
-INPUT_KEYS = ("tokens", "positions", "attention_mask", "segment_ids")
+INPUT_KEYS = ("tokens", "positions", "attention_mask", "segment_ids")  # what a forward reads
+NO_MAPS = {"hidden": (), "attention": ()}  # layer maps of a forward that needs logits only
 
 
 def _inputs(mb):
-    return dict(positions=mb["positions"], attention_mask=mb["attention_mask"],
-                segment_ids=mb["segment_ids"])
+    return {key: mb[key] for key in INPUT_KEYS[1:]}
 
 
 def teacher_outputs(teacher_def, teacher_state, mb, maps, vocab=None):
@@ -130,8 +130,7 @@ def make_eval_loss(teacher_def, vocab=None):
         model = student.model
         final = model.hidden(mb["tokens"], **_inputs(mb))
         logits = model.logits_from_hidden(final)
-        t_logits, _, t_final, _ = teacher_outputs(teacher_def, aux, mb,
-                                                  {"hidden": (), "attention": ()}, vocab)
+        t_logits, _, t_final, _ = teacher_outputs(teacher_def, aux, mb, NO_MAPS, vocab)
         mask = mb["loss_mask"]
         _, m = distill_loss(logits, t_logits, mask, temperature=1.0, kind="forward_kl",
                             alpha=0.0, targets=mb["targets"], denominator=1.0)

@@ -27,10 +27,10 @@ def load_run_model(run_dir: str | Path):
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").exists():
         raise InputError("not a run folder (no config.yaml)", path=str(run_dir))
-    # The command's own section (dpo:, reward:, grpo:, ppo:) tells which config class wrote it.
+    # The command's own section (dpo:, reward:, grpo:, ppo:, distill:) tells which config
+    # class wrote it.
     sections = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
-    command = next((c for c in ("dpo", "reward", "grpo", "ppo", "distill") if c in sections),
-                   "sft")
+    command = next((c for c in COMMANDS if c != "sft" and c in sections), "sft")
     cfg = load_config(COMMANDS[command], str(run_dir / "config.yaml"))
     ckpt = Checkpointer(run_dir / "checkpoints", keep=cfg.checkpoint.keep, async_save=False)
     try:

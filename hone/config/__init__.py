@@ -2,9 +2,10 @@
 
 from hone.config.fields import check_fields
 from hone.config.loader import load_config
-from hone.config.schema import (CheckpointSection, DataSection, DPOConfig, DPOSection, LogSection,
-                                LoraSection, MeshSection, ModelSection, RewardConfig,
-                                RewardSection, SFTConfig, TrainConfig, TrainSection)
+from hone.config.schema import (CheckpointSection, DataSection, DistributedSection, DPOConfig,
+                                DPOSection, LogSection, LoraSection, MeshSection, ModelSection,
+                                RewardConfig, RewardSection, SFTConfig, TrainConfig,
+                                TrainSection)
 from hone.config.distill_schema import DistillConfig, DistillSection, TeacherSection
 from hone.config.rl_schema import GRPOConfig, GRPOSection, PPOConfig, PPOSection, RewardsSection
 from hone.config.yaml_io import dump_yaml, to_dict
@@ -16,6 +17,7 @@ COMMANDS = {"sft": SFTConfig, "dpo": DPOConfig, "reward": RewardConfig, "grpo": 
 __all__ = ["COMMANDS", "CheckpointSection", "DataSection", "DistillConfig", "DistillSection",
            "TeacherSection", "DPOConfig", "DPOSection",
            "GRPOConfig", "GRPOSection", "PPOConfig", "PPOSection", "RewardsSection",
-           "LogSection", "LoraSection", "MeshSection", "ModelSection", "RewardConfig",
+           "LogSection", "LoraSection", "MeshSection", "DistributedSection", "ModelSection",
+           "RewardConfig",
            "RewardSection", "SFTConfig", "TrainConfig", "TrainSection", "check_fields",
            "dump_yaml", "load_config", "to_dict"]

@@ -151,12 +151,28 @@ class LogSection:
 
 @dataclass(frozen=True)
 class MeshSection:
-    # Data-parallel axis size; -1 = the devices left over.
-    data: int = field(default=1, metadata={"check": _axis_size})
+    # Data-parallel axis size (parameters replicated, rows split); -1 = the devices left over.
+    data: int = field(default=-1, metadata={"check": _axis_size})
     # Fully sharded data-parallel axis size (parameters sharded); -1 = the devices left over.
     fsdp: int = field(default=1, metadata={"check": _axis_size})
     # Tensor-parallel axis size; -1 = the devices left over.
     tp: int = field(default=1, metadata={"check": _axis_size})
+    # gspmd: XLA partitions the step from the shardings; allreduce: per-device gradients under
+    # shard_map, averaged by an explicit psum over `data` (needs fsdp = tp = 1).
+    mode: str = field(default="gspmd", metadata={"choices": ("gspmd", "allreduce")})
+
+
+@dataclass(frozen=True)
+class DistributedSection:
+    # "host:port" of process 0 for a multi-process run; "" = one process, unless `auto` is set
+    # or the environment names a coordinator (JAX_COORDINATOR_ADDRESS).
+    coordinator: str = ""
+    # Number of processes (with coordinator); 0 = from the environment (JAX_NUM_PROCESSES).
+    num_processes: int = field(default=0, metadata={"min": 0})
+    # This process's index (with coordinator); -1 = from the environment (JAX_PROCESS_ID).
+    process_id: int = field(default=-1, metadata={"min": -1})
+    # Let JAX detect the cluster (TPU pod slices, SLURM, Open MPI) and initialise itself.
+    auto: bool = False
 
 
 @dataclass(frozen=True)
@@ -175,6 +191,8 @@ class TrainConfig:
     log: LogSection = field(default_factory=LogSection)
     # Device mesh axis sizes.
     mesh: MeshSection = field(default_factory=MeshSection)
+    # Several processes (hosts) training as one: jax.distributed.
+    distributed: DistributedSection = field(default_factory=DistributedSection)
 
     def __post_init__(self):
         check_fields(self)

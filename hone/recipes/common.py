@@ -10,16 +10,19 @@ import jax
 from flax import nnx
 
 from hone.config import dump_yaml
+from hone.errors import InputError
+from hone.parallel import Layout, logical_names
 from hone.train.optimizer import build_optimizer
 from hone.train.state import flatten, new_train_state, split_model
-from hone.train.step import make_eval_step, make_train_step
+from hone.train.step import make_eval_step, make_train_step, row_split
 
 
 def open_run(cfg) -> Path:
     """The run folder with the resolved config written into it (after all input was checked)."""
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    dump_yaml(cfg, run_dir / "config.yaml")
+    if jax.process_index() == 0:  # one writer; the other processes hold the same config
+        dump_yaml(cfg, run_dir / "config.yaml")
     return run_dir
 
 
@@ -37,23 +40,51 @@ def load_pairs(cfg, tokenizer, log):
     return train, held_out
 
 
-def compile_steps(cfg, model: nnx.Module, trainable, loss_fn, normalizer_fn):
-    """(graphdef, params template, frozen rest, fresh train state, train step, eval step)."""
+def make_layout(cfg, rows_per_example: int = 1, devices=None) -> Layout:
+    """The run's Layout (cfg.mesh over `devices`, default all), its batch checked against it."""
+    layout = Layout.from_config(cfg, devices)
+    check_layout(cfg, layout, rows_per_example)
+    return layout
+
+
+def check_layout(cfg, layout: Layout, rows_per_example: int = 1) -> None:
+    """The batch must split over the mesh: rows over data x fsdp, and in the all-reduce mode
+    each device's rows into grad_accum micro-batches."""
+    t = cfg.train
+    what = "rows" if rows_per_example == 1 else "pairs"
+    layout.check_rows(t.batch_size, "train.batch_size", what)
+    if layout.mode == "allreduce" and (t.batch_size // layout.shards) % t.grad_accum:
+        raise InputError(f"{t.batch_size // layout.shards} {what} per device do not split "
+                         f"into train.grad_accum = {t.grad_accum} micro-batches",
+                         key="train.grad_accum")
+
+
+def compile_steps(cfg, model: nnx.Module, trainable, loss_fn, normalizer_fn, *,
+                  split=row_split, layout: Layout | None = None):
+    """(graphdef, params template, frozen rest, fresh train state, train step, eval step).
+
+    The model is placed on the mesh of cfg.mesh (or `layout`) first, so the frozen rest, the
+    parameters and the optimizer state are all sharded by their logical names."""
+    layout = layout or make_layout(cfg)
+    layout.place_model(model)
     graphdef, params, frozen = split_model(model, trainable)
     optimizer, schedule = build_optimizer(cfg.train)
     state = new_train_state(flatten(params), optimizer, cfg.train.seed)
+    state = layout.place_train_state(state, logical_names(params))
     step = make_train_step(graphdef, params, loss_fn, normalizer_fn, optimizer, schedule,
-                           accum=cfg.train.grad_accum, precision=cfg.train.precision)
+                           accum=cfg.train.grad_accum, precision=cfg.train.precision,
+                           split=split, layout=layout)
     eval_step = make_eval_step(graphdef, params, loss_fn, precision=cfg.train.precision)
     return graphdef, params, frozen, state, step, eval_step
 
 
-def summed_eval(eval_step, frozen, data, means: Callable[[dict], dict], aux=None):
+def summed_eval(eval_step, frozen, data, means: Callable[[dict], dict], aux=None,
+                place=lambda batch: batch):
     """params -> means(sums of every metric over the held-out batches, keys prefixed eval_)."""
 
     def evaluate(params) -> dict:
         total: dict[str, float] = {}
-        for batch in data.batches():
+        for batch in map(place, data.batches()):
             for k, v in jax.device_get(eval_step(params, frozen, batch, aux)).items():
                 total["eval_" + k] = total.get("eval_" + k, 0.0) + float(v)
         return means(total)

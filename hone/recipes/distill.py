@@ -26,7 +26,7 @@ from hone.distill.student import (build_student, check_mapped, check_vocab, laye
                                   load_teacher)
 from hone.losses import sft_loss
 from hone.models.loading import load_tokenizer
-from hone.recipes.common import compile_steps, open_run, summed_eval
+from hone.recipes.common import compile_steps, make_layout, open_run, summed_eval
 from hone.train.loop import LoopSpec, run_loop
 from hone.train.state import unflatten
 from hone.train.step import make_eval_step
@@ -66,7 +66,7 @@ class Teacher:
         return nnx.merge(self.graphdef, self.state)
 
 
-def _teacher(cfg, loaded, student, tokenizer) -> tuple[Teacher, dict]:
+def _teacher(cfg, loaded, student, tokenizer, layout) -> tuple[Teacher, dict]:
     """The loaded teacher (graphdef, state, config), checked against the student (vocabulary,
     layer pairs), and the layer maps."""
     d = cfg.distill
@@ -80,21 +80,25 @@ def _teacher(cfg, loaded, student, tokenizer) -> tuple[Teacher, dict]:
     teacher = Teacher(graphdef, state, config, tok, vocab)
     if cfg.teacher.devices:
         from hone.distill.placement import RemoteTeacher, split_devices
-        devices, student_device = split_devices(cfg.teacher.devices)
-        teacher.remote = RemoteTeacher(graphdef, state, maps, d.top_k, devices, student_device,
-                                       vocab)
+        devices, _ = split_devices(cfg.teacher.devices)
+        teacher.remote = RemoteTeacher(graphdef, state, maps, d.top_k, devices,
+                                       layout.place_batch, vocab)
         teacher.state = teacher.remote.state
+    else:  # in the student's step: on the student's mesh, sharded like the student
+        teacher.state = layout.place_state(state)
     return teacher, maps
 
 
-def _evaluation(cfg, teacher: Teacher, tokenizer, eval_step, frozen, eval_data, student_of):
+def _evaluation(cfg, teacher: Teacher, tokenizer, eval_step, frozen, eval_data, student_of,
+                place):
     """params -> held-out metrics: the summed token metrics plus greedy-answer agreement."""
     if teacher.remote is None:
-        summed = summed_eval(eval_step, frozen, eval_data, eval_means, aux=teacher.state)
+        summed = summed_eval(eval_step, frozen, eval_data, eval_means, aux=teacher.state,
+                             place=place)
     else:
         from hone.distill.placement import WithTeacher
         summed = summed_eval(eval_step, frozen, WithTeacher(eval_data, teacher.remote),
-                             eval_means)
+                             eval_means, place=place)
     d, agreement = cfg.distill, None
     if d.eval_prompts:
         prompts, refs, _ = prompts_of(cfg.data.eval_path, tokenizer, d.eval_prompts)
@@ -118,7 +122,12 @@ def run_distill(cfg: DistillConfig, *, log=print):
     tokenizer = load_tokenizer(cfg.model.source)
     loaded = load_teacher(cfg)
     student, trainable = build_student(cfg, loaded[2].hidden_size)
-    teacher, maps = _teacher(cfg, loaded, student, tokenizer)
+    student_devices = None
+    if cfg.teacher.devices:
+        from hone.distill.placement import split_devices
+        student_devices = split_devices(cfg.teacher.devices)[1]
+    layout = make_layout(cfg, devices=student_devices)
+    teacher, maps = _teacher(cfg, loaded, student, tokenizer, layout)
     vocab = teacher.vocab
     train_data = None if d.mode == "sequence" else _data(cfg, tokenizer, cfg.data.path, log,
                                                          "data")
@@ -137,7 +146,7 @@ def run_distill(cfg: DistillConfig, *, log=print):
     else:
         loss_fn = make_distill_loss(cfg, teacher.graphdef, maps, vocab)
     graphdef, params, frozen, state, step, _ = compile_steps(
-        cfg, student, trainable, loss_fn, normalizer)
+        cfg, student, trainable, loss_fn, normalizer, layout=layout)
 
     # Where the teacher's side of the loss comes from: a forward in the step (aux = its
     # weights), the cache, its own devices (with the batch), or nowhere (sequence-level).
@@ -174,7 +183,7 @@ def run_distill(cfg: DistillConfig, *, log=print):
         eval_step = make_eval_step(graphdef, params, make_eval_loss(teacher.graphdef, vocab),
                                    precision=cfg.train.precision)
         eval_fn = _evaluation(cfg, teacher, tokenizer, eval_step, frozen, eval_data,
-                              student_of)
+                              student_of, layout.place_batch)
 
     flops = student.config.flops_per_token(cfg.data.max_length)
     if d.mode in ("online", "on_policy"):  # + the teacher's forward, a third of training's
@@ -182,6 +191,7 @@ def run_distill(cfg: DistillConfig, *, log=print):
     spec = LoopSpec(
         train_step=step, state=state, frozen=frozen, data=data, eval_fn=eval_fn, aux=aux,
         tokens_per_batch=lambda b: int(np.sum(b["attention_mask"])), flops_per_token=flops,
-        extra_metrics=train_means, prepare=prepare, eval_at_start=True)
+        extra_metrics=train_means, prepare=prepare, eval_at_start=True,
+        place_batch=layout.place_batch)
     final = run_loop(spec, cfg, run_dir)
     return student_of(final["params"]), final

@@ -27,9 +27,11 @@ from hone.config import DPOConfig
 from hone.losses import token_logprobs
 from hone.losses.preference import dpo_loss, orpo_loss, sequence_logprobs, simpo_loss
 from hone.models.loading import load_tokenizer
-from hone.recipes.common import compile_steps, load_pairs, open_run, summed_eval
+from hone.recipes.common import (compile_steps, load_pairs, make_layout, open_run,
+                                 summed_eval)
 from hone.recipes.sft import build_model
 from hone.train.loop import LoopSpec, run_loop
+from hone.train.step import pair_split
 from hone.train.state import tree_bytes, unflatten
 
 REFERENCE_FREE = ("simpo", "orpo")
@@ -170,11 +172,13 @@ def run_dpo(cfg: DPOConfig, *, log=print):
     tokenizer = load_tokenizer(cfg.model.source)
     train_data, eval_data = load_pairs(cfg, tokenizer, log)
     model, trainable = build_model(cfg)
+    layout = make_layout(cfg, rows_per_example=2)
     run_dir = open_run(cfg)
 
     mode = reference_mode(cfg)
     graphdef, params, frozen, state, step, eval_step = compile_steps(
-        cfg, model, trainable, make_dpo_loss(cfg, mode), pair_count)
+        cfg, model, trainable, make_dpo_loss(cfg, mode), pair_count,
+        split=pair_split, layout=layout)
     # The starting weights, never updated: a real copy, since the train state's own buffers
     # are donated to (and overwritten by) every step.
     aux = jax.tree.map(jnp.copy, state["params"]) if mode == "copy" else None
@@ -187,11 +191,13 @@ def run_dpo(cfg: DPOConfig, *, log=print):
     log(f"reference: {mode or 'none'} ({tree_bytes(aux) / 2**20:.1f} MiB of extra weights)")
     eval_fn = None
     if eval_data is not None:
-        eval_fn = summed_eval(eval_step, frozen, eval_data, aux=aux, means=lambda t: means(
+        eval_fn = summed_eval(eval_step, frozen, eval_data, place=layout.place_batch,
+                              aux=aux, means=lambda t: means(
             t, "eval_") | {"eval_pairs": t.get("eval_pairs", 0.0)})
     spec = LoopSpec(
         train_step=step, state=state, frozen=frozen, aux=aux, data=train_data.iterator(),
-        eval_fn=eval_fn, tokens_per_batch=lambda b: int(np.sum(b["attention_mask"])),
+        eval_fn=eval_fn, place_batch=layout.place_batch,
+        tokens_per_batch=lambda b: int(np.sum(b["attention_mask"])),
         flops_per_token=model.config.flops_per_token(cfg.data.max_length), extra_metrics=means)
     final = run_loop(spec, cfg, run_dir)
     trained = nnx.merge(graphdef, unflatten(params, final["params"]), frozen)

@@ -27,7 +27,8 @@ from hone.config import GRPOConfig
 from hone.losses import token_logprobs
 from hone.losses.rl import grpo_advantages, policy_loss, policy_loss_denominator
 from hone.models.loading import load_tokenizer
-from hone.recipes.common import open_run
+from hone.parallel import logical_names
+from hone.recipes.common import make_layout, open_run
 from hone.recipes.dpo import reference_model
 from hone.recipes.rl_common import (Rollouts, load_prompts, make_rewards, make_rl_eval,
                                     policy_means, rl_optimizer)
@@ -112,13 +113,16 @@ def run_grpo(cfg: GRPOConfig, *, log=print):
     tokenizer = load_tokenizer(cfg.model.source)
     prompts, held_out = load_prompts(cfg, g, tokenizer, log)
     rewards = make_rewards(cfg, g, prompts, log)
+    layout = make_layout(cfg)
     model, trainable = build_model(cfg)
     run_dir = open_run(cfg)
 
     mode = reference_mode(cfg, g, needed=g.beta > 0)
+    layout.place_model(model)
     graphdef, params, frozen = split_model(model, trainable)
     optimizer, schedule = rl_optimizer(cfg.train, g.iterations)
-    state = new_train_state(flatten(params), optimizer, cfg.train.seed)
+    state = layout.place_train_state(new_train_state(flatten(params), optimizer, cfg.train.seed),
+                                     logical_names(params))
     aux = jax.tree.map(jnp.copy, state["params"]) if mode == "copy" else None
     log(f"reference: {mode or 'none (beta = 0)'} ({tree_bytes(aux) / 2**20:.1f} MiB of extra "
         "weights)")
@@ -126,7 +130,7 @@ def run_grpo(cfg: GRPOConfig, *, log=print):
         graphdef, params, make_grpo_loss(cfg),
         lambda b: policy_loss_denominator(b["loss_mask"], g.loss_agg, max_len=g.max_new_tokens),
         optimizer, schedule, accum=cfg.train.grad_accum, precision=cfg.train.precision,
-        epochs=g.iterations, prepare=make_prepare(cfg, graphdef, params, mode))
+        epochs=g.iterations, prepare=make_prepare(cfg, graphdef, params, mode), layout=layout)
 
     data_iter = prompts.iterator(cfg.train.batch_size // g.group_size, cfg.train.seed)
     rollouts = Rollouts(cfg, g, graphdef, params, frozen, tokenizer, prompts, data_iter, rewards)
@@ -142,7 +146,7 @@ def run_grpo(cfg: GRPOConfig, *, log=print):
     evaluate = make_rl_eval(rollouts, held_out)
     spec = LoopSpec(
         train_step=step, state=state, frozen=frozen, aux=aux, data=data_iter, eval_fn=evaluate,
-        prepare=prepare, tokens_per_batch=lambda b: int(np.sum(b["attention_mask"])),
+        prepare=prepare, place_batch=layout.place_batch, tokens_per_batch=lambda b: int(np.sum(b["attention_mask"])),
         flops_per_token=model.config.flops_per_token(g.max_prompt_tokens + g.max_new_tokens),
         extra_metrics=policy_means, eval_at_start=True)
     final = run_loop(spec, cfg, run_dir)

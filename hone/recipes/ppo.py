@@ -22,7 +22,8 @@ from hone.config import PPOConfig
 from hone.losses import token_logprobs
 from hone.losses.rl import gae, policy_loss, value_loss, whiten
 from hone.models.loading import load_tokenizer
-from hone.recipes.common import open_run
+from hone.parallel import logical_names
+from hone.recipes.common import make_layout, open_run
 from hone.recipes.grpo import diagnostics, reference_mode
 from hone.recipes.rl_common import (Rollouts, load_prompts, make_rewards, make_rl_eval,
                                     policy_means, rl_optimizer)
@@ -132,11 +133,13 @@ def run_ppo(cfg: PPOConfig, *, log=print):
     tokenizer = load_tokenizer(cfg.model.source)
     prompts, held_out = load_prompts(cfg, p, tokenizer, log)
     rewards = make_rewards(cfg, p, prompts, log)
+    layout = make_layout(cfg)
     model, trainable, policy_trainable = build_ppo_model(cfg)
     policy = model.policy
     run_dir = open_run(cfg)
 
     mode = reference_mode(cfg, p, needed=p.kl_coef > 0 or p.kl_target is not None)
+    layout.place_model(model)
     graphdef, params, frozen = split_model(model, trainable)
     optimizer, schedule = rl_optimizer(cfg.train, p.epochs * p.minibatches)
     state = new_train_state(flatten(params), optimizer, cfg.train.seed)
@@ -145,6 +148,7 @@ def run_ppo(cfg: PPOConfig, *, log=print):
     aux = start if mode == "copy" else None
     if mode == "ema":
         state["ema"] = start
+    state = layout.place_train_state(state, logical_names(params))
     extra = tree_bytes(start) if mode in ("copy", "ema") else 0
     log(f"reference: {mode or 'none (no KL term)'} ({extra / 2**20:.1f} MiB of extra weights); "
         f"critic: {p.critic}")
@@ -153,7 +157,7 @@ def run_ppo(cfg: PPOConfig, *, log=print):
         graphdef, params, make_ppo_loss(cfg),
         lambda b: jnp.maximum(jnp.sum(b["loss_mask"]), 1.0), optimizer, schedule,
         accum=cfg.train.grad_accum, precision=cfg.train.precision, epochs=p.epochs,
-        minibatches=p.minibatches, prepare=prepare_fn, finish=finish_fn)
+        minibatches=p.minibatches, prepare=prepare_fn, finish=finish_fn, layout=layout)
 
     data_iter = prompts.iterator(cfg.train.batch_size // p.group_size, cfg.train.seed)
     # The sampler sees only the policy: its graph, its trainable weights and its frozen rest.
@@ -171,7 +175,7 @@ def run_ppo(cfg: PPOConfig, *, log=print):
     spec = LoopSpec(
         train_step=step, state=state, frozen=frozen, aux=aux, data=data_iter,
         eval_fn=None if evaluate is None else (lambda params: evaluate(policy_part(params))),
-        prepare=prepare, tokens_per_batch=lambda b: int(np.sum(b["attention_mask"])),
+        prepare=prepare, place_batch=layout.place_batch, tokens_per_batch=lambda b: int(np.sum(b["attention_mask"])),
         flops_per_token=model.config.flops_per_token(p.max_prompt_tokens + p.max_new_tokens),
         extra_metrics=policy_means, eval_at_start=True)
     final = run_loop(spec, cfg, run_dir)

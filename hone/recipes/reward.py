@@ -19,9 +19,11 @@ from hone.losses.preference import reward_loss
 from hone.models.loading import load_tokenizer
 from hone.models.reward import RewardModel
 from hone.recipes.dpo import pair_count
-from hone.recipes.common import compile_steps, load_pairs, open_run, summed_eval
+from hone.recipes.common import (compile_steps, load_pairs, make_layout, open_run,
+                                 summed_eval)
 from hone.recipes.sft import build_model
 from hone.train.loop import LoopSpec, run_loop
+from hone.train.step import pair_split
 from hone.train.state import unflatten
 
 
@@ -66,15 +68,19 @@ def run_reward(cfg: RewardConfig, *, log=print):
     tokenizer = load_tokenizer(cfg.model.source)
     train_data, eval_data = load_pairs(cfg, tokenizer, log)
     model, trainable = build_reward_model(cfg)
+    layout = make_layout(cfg, rows_per_example=2)
     run_dir = open_run(cfg)
     graphdef, params, frozen, state, step, eval_step = compile_steps(
-        cfg, model, trainable, make_reward_loss(cfg), pair_count)
+        cfg, model, trainable, make_reward_loss(cfg), pair_count,
+        split=pair_split, layout=layout)
     eval_fn = None
     if eval_data is not None:
-        eval_fn = summed_eval(eval_step, frozen, eval_data, means=lambda t: means(t, "eval_"))
+        eval_fn = summed_eval(eval_step, frozen, eval_data, place=layout.place_batch,
+                              means=lambda t: means(t, "eval_"))
     spec = LoopSpec(
         train_step=step, state=state, frozen=frozen, data=train_data.iterator(),
-        eval_fn=eval_fn, tokens_per_batch=lambda b: int(np.sum(b["attention_mask"])),
+        eval_fn=eval_fn, place_batch=layout.place_batch,
+        tokens_per_batch=lambda b: int(np.sum(b["attention_mask"])),
         flops_per_token=model.config.flops_per_token(cfg.data.max_length), extra_metrics=means)
     final = run_loop(spec, cfg, run_dir)
     return nnx.merge(graphdef, unflatten(params, final["params"]), frozen), final

@@ -14,7 +14,7 @@ from flax import nnx
 from hone.config import SFTConfig
 from hone.losses import sft_loss
 from hone.models.loading import load_model, load_tokenizer
-from hone.recipes.common import compile_steps, open_run, summed_eval
+from hone.recipes.common import compile_steps, make_layout, open_run, summed_eval
 from hone.train.loop import LoopSpec, run_loop
 from hone.train.state import unflatten
 
@@ -65,14 +65,17 @@ def run_sft(cfg: SFTConfig, *, log=print):
         eval_data = SFTData(d.eval_path, batch_size=cfg.train.batch_size, seed=cfg.train.seed,
                             **data_kw)
         log(f"eval data: {eval_data.describe()}")
+    layout = make_layout(cfg)
     model, trainable = build_model(cfg)
     run_dir = open_run(cfg)
     graphdef, params, frozen, state, step, eval_step = compile_steps(
-        cfg, model, trainable, sft_step_loss, target_tokens)
-    eval_fn = summed_eval(eval_step, frozen, eval_data, eval_means) if eval_data else None
+        cfg, model, trainable, sft_step_loss, target_tokens, layout=layout)
+    eval_fn = None
+    if eval_data:
+        eval_fn = summed_eval(eval_step, frozen, eval_data, eval_means, place=layout.place_batch)
     spec = LoopSpec(
         train_step=step, state=state, frozen=frozen, data=train_data.iterator(),
-        eval_fn=eval_fn,
+        eval_fn=eval_fn, place_batch=layout.place_batch,
         tokens_per_batch=lambda b: int(np.sum(b["attention_mask"])),
         flops_per_token=model.config.flops_per_token(d.max_length))
     final = run_loop(spec, cfg, run_dir)

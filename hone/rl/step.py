@@ -43,9 +43,10 @@ def chunked(fn: Callable, batch: dict, chunks: int):
 
 def make_rl_step(graphdef, template, loss_fn, normalizer_fn, optimizer, schedule, *,
                  accum: int, precision: str, epochs: int = 1, minibatches: int = 1,
-                 prepare: Callable | None = None, finish: Callable | None = None):
+                 prepare: Callable | None = None, finish: Callable | None = None,
+                 layout=None):
     update = update_fn(graphdef, template, loss_fn, normalizer_fn, optimizer, schedule,
-                       accum=accum, precision=precision)
+                       accum=accum, precision=precision, layout=layout)
     updates = epochs * minibatches
 
     def step(state, frozen, batch, aux=None):

@@ -40,6 +40,8 @@ class LoopSpec:
     # RL: (state, data batch, step) -> (training batch, host metrics), run before each step
     # (the rollout: sampling with the current weights, rewards); None for fixed data.
     prepare: Callable[[dict, dict, int], tuple[dict, dict]] | None = None
+    # Puts a training batch on the mesh (rows over data x fsdp); identity on one device.
+    place_batch: Callable[[dict], dict] = field(default=lambda batch: batch)
     # Evaluate the starting weights too (a step-0 row), when a run starts fresh.
     eval_at_start: bool = False
 
@@ -85,9 +87,12 @@ def run_loop(spec: LoopSpec, cfg, run_dir: Path) -> dict[str, Any]:
         state, data_state = ckpt.restore(latest, spec.state)
         spec.data.set_state(data_state)
         start = latest
-    sinks = make_sinks(log.sinks, run_dir, max_steps=train.max_steps,
-                       resume_step=latest if latest is not None else None,
-                       prometheus_port=log.prometheus_port, prometheus_host=log.prometheus_host)
+    sinks = []
+    if jax.process_index() == 0:  # one process writes the logs; every process checkpoints
+        sinks = make_sinks(log.sinks, run_dir, max_steps=train.max_steps,
+                           resume_step=latest if latest is not None else None,
+                           prometheus_port=log.prometheus_port,
+                           prometheus_host=log.prometheus_host)
     last_saved = start if latest is not None else None
     if spec.eval_at_start and spec.eval_fn is not None and latest is None:
         for sink in sinks:
@@ -102,7 +107,8 @@ def run_loop(spec: LoopSpec, cfg, run_dir: Path) -> dict[str, Any]:
                 if spec.prepare is not None:
                     batch, host = spec.prepare(state, batch, step)
                     t_update = time.perf_counter()
-                state, metrics = spec.train_step(state, spec.frozen, batch, spec.aux)
+                state, metrics = spec.train_step(state, spec.frozen, spec.place_batch(batch),
+                                                 spec.aux)
                 if spec.prepare is not None:
                     jax.block_until_ready(state)
                     host["update_s"] = time.perf_counter() - t_update

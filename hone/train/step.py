@@ -6,6 +6,14 @@ Design choices:
   definition and the loss are closed over (static); weights are arguments.
 - Gradient accumulation scans over micro-batches and divides by a normalizer computed from the
   whole batch (for SFT: its number of target tokens), so 4 x 1 gives the update of 1 x 4.
+- The split into micro-batches is the recipe's (`row_split` by default; preference batches keep
+  each chosen row with its rejected row, `pair_split`). The same split hands each device its
+  rows in the explicit all-reduce mode.
+- On a mesh (`hone.parallel.Layout`), GSPMD partitions the step from the shardings of the
+  state and the batch; micro-batches are kept split over the batch axes. In the explicit
+  all-reduce mode each device computes the gradients of its own rows under `shard_map` and an
+  explicit `psum` over `data` adds them (every loss is already divided by the whole batch's
+  normalizer, so the sum is the full-batch gradient).
 - Precision "bf16" casts parameters to bfloat16 for the forward pass only; the master weights,
   gradients and optimizer state stay float32, and logits/softmax are computed in float32.
 """
@@ -39,6 +47,26 @@ def _tree_add(a, b):
     return jax.tree.map(jnp.add, a, b)
 
 
+def row_split(batch: dict, n: int) -> dict:
+    """[B, ...] leaves -> [n, B/n, ...]: micro-batch i is rows i*B/n .. (i+1)*B/n - 1."""
+    return jax.tree.map(lambda x: x.reshape((n, x.shape[0] // n) + x.shape[1:]), batch)
+
+
+def pair_split(batch: dict, n: int) -> dict:
+    """row_split for preference batches ([2P, ...] rows: P chosen then P rejected; [P, ...]
+    per-pair leaves): micro-batch i holds pairs i*P/n .. (i+1)*P/n - 1, chosen rows first, so
+    it is itself a preference batch."""
+    pairs = batch["pair_valid"].shape[0]
+
+    def one(x):
+        if x.shape[0] != 2 * pairs:
+            return x.reshape((n, x.shape[0] // n) + x.shape[1:])
+        x = x.reshape((2, n, pairs // n) + x.shape[1:])
+        return jnp.swapaxes(x, 0, 1).reshape((n, 2 * pairs // n) + x.shape[3:])
+
+    return jax.tree.map(one, batch)
+
+
 def merge(graphdef, template, params, frozen, precision: str, dropout_key=None):
     """The model for one forward pass, in the compute precision.
 
@@ -57,16 +85,17 @@ def merge(graphdef, template, params, frozen, precision: str, dropout_key=None):
 
 def make_train_step(graphdef, template, loss_fn: LossFn, normalizer_fn: NormalizerFn,
                     optimizer: optax.GradientTransformation, schedule: optax.Schedule, *,
-                    accum: int, precision: str = "fp32"):
+                    accum: int, precision: str = "fp32", split=row_split, layout=None):
     """A jitted `step(state, frozen, batch, aux=None) -> (state, metrics)`; batch leaves are
     [B, ...]."""
     return jax.jit(update_fn(graphdef, template, loss_fn, normalizer_fn, optimizer, schedule,
-                             accum=accum, precision=precision), donate_argnums=(0,))
+                             accum=accum, precision=precision, split=split, layout=layout),
+                   donate_argnums=(0,))
 
 
 def update_fn(graphdef, template, loss_fn: LossFn, normalizer_fn: NormalizerFn,
               optimizer: optax.GradientTransformation, schedule: optax.Schedule, *,
-              accum: int, precision: str = "fp32"):
+              accum: int, precision: str = "fp32", split=row_split, layout=None):
     """The unjitted `step(state, frozen, batch, aux=None) -> (state, metrics)`: one optimizer
     update from one batch. RL recipes call it several times inside their own jitted step."""
 
@@ -76,30 +105,57 @@ def update_fn(graphdef, template, loss_fn: LossFn, normalizer_fn: NormalizerFn,
         return loss_fn(model, mb, normalizer, key, aux)
 
     grad_fn = jax.value_and_grad(micro, has_aux=True)
+    mesh = None if layout is None else layout.mesh
+
+    def accumulate(params, frozen, batch, normalizer, key, aux, keep_split: bool):
+        """(grads, loss, metric sums) summed over `accum` micro-batches of `batch`."""
+        mbs = split(batch, accum)
+        if keep_split:  # each micro-batch stays spread over the batch axes of the mesh
+            mbs = jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, layout.micro(x)),
+                               mbs)
+        if accum == 1:
+            first = jax.tree.map(lambda x: x[0], mbs)
+            (loss, sums), grads = grad_fn(params, frozen, first, normalizer,
+                                          jax.random.fold_in(key, 0), aux)
+            return grads, loss, sums
+
+        def body(carry, xs):
+            mb, i = xs
+            (l, m), g = grad_fn(params, frozen, mb, normalizer, jax.random.fold_in(key, i), aux)
+            return jax.tree.map(jnp.add, carry, (g, l, m)), None
+
+        first = jax.tree.map(lambda x: x[0], mbs)
+        shapes = jax.eval_shape(grad_fn, params, frozen, first, normalizer, key, aux)
+        (l_shape, m_shape), g_shape = shapes
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (g_shape, l_shape, m_shape))
+        (grads, loss, sums), _ = jax.lax.scan(body, zeros, (mbs, jnp.arange(accum)))
+        return grads, loss, sums
+
+    def allreduce(params, frozen, batch, normalizer, key, aux):
+        """Per-device gradients of each device's rows, added by an explicit psum."""
+        from jax.sharding import PartitionSpec as P
+
+        def local(params, frozen, parts, normalizer, key, aux):
+            mine = jax.tree.map(lambda x: x[0], parts)
+            # check_vma=False: nothing is summed behind our back (FACTS.md), so the psum
+            # below is the one all-reduce of the step.
+            out = accumulate(params, frozen, mine, normalizer, key, aux, keep_split=False)
+            return jax.lax.psum(out, "data")
+
+        parts = split(batch, layout.shards)
+        return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P("data"), P(), P(), P()),
+                             out_specs=P(), check_vma=False)(
+            params, frozen, parts, normalizer, key, aux)
 
     def step(state: dict[str, Any], frozen, batch: dict, aux=None) -> tuple[dict[str, Any], dict]:
         params = state["params"]
         normalizer = normalizer_fn(batch)
         key = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
-        mbs = jax.tree.map(lambda x: x.reshape((accum, x.shape[0] // accum) + x.shape[1:]),
-                           batch)
-        if accum == 1:
-            first = jax.tree.map(lambda x: x[0], mbs)
-            (loss, sums), grads = grad_fn(params, frozen, first, normalizer,
-                                          jax.random.fold_in(key, 0), aux)
+        if mesh is not None and layout.mode == "allreduce":
+            grads, loss, sums = allreduce(params, frozen, batch, normalizer, key, aux)
         else:
-            def body(carry, xs):
-                mb, i = xs
-                (l, m), g = grad_fn(params, frozen, mb, normalizer, jax.random.fold_in(key, i),
-                                    aux)
-                return jax.tree.map(jnp.add, carry, (g, l, m)), None
-
-            first = jax.tree.map(lambda x: x[0], mbs)
-            shapes = jax.eval_shape(grad_fn, params, frozen, first, normalizer, key, aux)
-            (l_shape, m_shape), g_shape = shapes
-            zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
-                                 (g_shape, l_shape, m_shape))
-            (grads, loss, sums), _ = jax.lax.scan(body, zeros, (mbs, jnp.arange(accum)))
+            grads, loss, sums = accumulate(params, frozen, batch, normalizer, key, aux,
+                                           keep_split=mesh is not None)
         updates, opt_state = optimizer.update(grads, state["opt_state"], params)
         new_state = dict(state, step=state["step"] + 1, opt_state=opt_state,
                          params=optax.apply_updates(params, updates))

@@ -101,3 +101,15 @@ def test_remat_policies_give_identical_gradients(policy):
     rematted = nnx.grad(loss)(model)
     for a, c in zip(jax.tree.leaves(plain), jax.tree.leaves(rematted)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(c))
+
+
+def test_pair_split_gives_each_micro_batch_whole_pairs():
+    import numpy as np
+    from hone.train.step import pair_split, row_split
+    p = 4  # pairs: rows 0..3 chosen, 4..7 rejected; row i pairs with row 4 + i
+    batch = {"tokens": np.arange(8)[:, None] * np.ones((1, 3), int), "pair_valid": np.arange(4)}
+    parts = pair_split(batch, 2)
+    assert parts["tokens"][:, :, 0].tolist() == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert parts["pair_valid"].tolist() == [[0, 1], [2, 3]]
+    assert row_split(batch, 2)["tokens"][:, :, 0].tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert pair_split(batch, 1)["tokens"].shape == (1, 2 * p, 3)

@@ -1,0 +1,69 @@
+"""The logical-axis rules table and the mesh sizes from config, without devices."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from hone.config import MeshSection
+from hone.errors import InputError
+from hone.parallel.mesh import axis_sizes
+from hone.parallel.rules import partition_spec
+
+
+def mesh(data=1, fsdp=1, tp=1):
+    return SimpleNamespace(shape={"data": data, "fsdp": fsdp, "tp": tp})
+
+
+def test_names_map_to_mesh_axes():
+    m = mesh(2, 2, 2)
+    assert partition_spec(("embed", "mlp"), (64, 128), m) == P("fsdp", "tp")
+    assert partition_spec(("mlp", "embed"), (128, 64), m) == P("tp", "fsdp")
+    assert partition_spec(("vocab", "embed"), (256, 64), m) == P("tp", "fsdp")
+    assert partition_spec(("embed", "heads", "head_dim"), (64, 4, 16), m) == P("fsdp", "tp")
+    assert partition_spec(("embed", "lora_rank"), (64, 8), m) == P("fsdp")
+    assert partition_spec(("batch", "seq"), (8, 96), m) == P(("data", "fsdp"))
+
+
+def test_axes_that_do_not_divide_or_repeat_or_have_size_one_are_left_out():
+    # 4 heads on tp=8: whole heads on every device; 2 kv heads likewise.
+    assert partition_spec(("embed", "heads", "head_dim"), (64, 4, 16), mesh(tp=8)) == P()
+    # fsdp=3 does not divide 64: replicated.
+    assert partition_spec(("embed", "mlp"), (64, 128), mesh(fsdp=3)) == P()
+    # batch over data x fsdp = 4 x 2 with 4 rows: falls back to data alone.
+    assert partition_spec(("batch",), (4,), mesh(data=4, fsdp=2)) == P("data")
+    # the same mesh axis is never used twice in one array.
+    assert partition_spec(("mlp", "heads"), (8, 8), mesh(tp=2)) == P("tp")
+    # unnamed arrays and unknown names are replicated; size-1 axes are dropped.
+    assert partition_spec(None, (3, 4), mesh(2, 2, 2)) == P()
+    assert partition_spec(("something",), (8,), mesh(2, 2, 2)) == P()
+    assert partition_spec(("embed",), (64,), mesh(data=8)) == P()
+
+
+def test_mesh_sizes_resolve_minus_one_and_reject_bad_shapes():
+    assert axis_sizes(MeshSection(), 8) == (8, 1, 1)  # default: data parallel over all
+    assert axis_sizes(MeshSection(data=2, fsdp=-1, tp=2), 8) == (2, 2, 2)
+    assert axis_sizes(MeshSection(data=1, fsdp=1, tp=1), 8) == (1, 1, 1)  # first device only
+    with pytest.raises(InputError, match="mesh.fsdp"):
+        axis_sizes(MeshSection(data=3, fsdp=-1), 8)
+    with pytest.raises(InputError, match="only 8 device"):
+        axis_sizes(MeshSection(data=4, fsdp=4), 8)
+    with pytest.raises(InputError, match="only one mesh axis"):
+        from hone.config import SFTConfig
+        SFTConfig(mesh=MeshSection(data=-1, fsdp=-1))
+
+
+def test_batches_must_split_over_the_mesh_and_allreduce_needs_replicated_parameters():
+    from hone.config import SFTConfig
+    from hone.parallel import Layout
+    from hone.recipes.common import check_layout
+    with pytest.raises(InputError, match="train.batch_size.*12 rows.*8 data x fsdp"):
+        check_layout(SFTConfig(train=SFTConfig().train.__class__(batch_size=12)),
+                     Layout(mesh(data=4, fsdp=2)))
+    with pytest.raises(InputError, match="train.grad_accum"):
+        t = SFTConfig().train.__class__(batch_size=8, grad_accum=2)
+        check_layout(SFTConfig(train=t), Layout(mesh(data=8), "allreduce"))
+    with pytest.raises(InputError, match="mesh.mode.*fsdp = mesh.tp = 1"):
+        Layout(mesh(data=4, fsdp=2), "allreduce")

@@ -147,6 +147,9 @@ class LogSection:
     prometheus_port: int = field(default=9464, metadata={"min": 0, "max": 65535})
     # Address the prometheus sink listens on; loopback by default, "0.0.0.0" = every interface.
     prometheus_host: str = "127.0.0.1"
+    # Steps to trace with jax.profiler into run_dir/profile (first to last chosen step), logging
+    # the share of device op time spent in collectives; () = no tracing.
+    profile_steps: tuple[int, ...] = field(default=(), metadata={"min": 1})
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import jax
 
 from hone.checkpoint import Checkpointer
 from hone.metrics.sinks import make_sinks
+from hone.parallel.profile import StepProfiler
 
 
 class Interrupted(Exception):
@@ -98,10 +99,12 @@ def run_loop(spec: LoopSpec, cfg, run_dir: Path) -> dict[str, Any]:
         for sink in sinks:
             sink.write(0, spec.eval_fn(state["params"]))
     window_tokens, window_t0 = 0, time.perf_counter()
+    profiler = StepProfiler(log.profile_steps, run_dir, train.max_steps)
     try:
         with _SignalFlag() as flag:
             step = start
             while step < train.max_steps:
+                profiler.before(step + 1, state)
                 batch = spec.data.next()
                 host: dict[str, Any] = {}
                 if spec.prepare is not None:
@@ -114,7 +117,8 @@ def run_loop(spec: LoopSpec, cfg, run_dir: Path) -> dict[str, Any]:
                     host["update_s"] = time.perf_counter() - t_update
                 step += 1
                 window_tokens += spec.tokens_per_batch(batch)
-                row: dict[str, Any] = {}
+                row: dict[str, Any] = profiler.after(step, state)  # {} unless a trace ended
+                window_t0 += row.get("profile/trace_s", 0.0)  # not training time
                 if step % log.every_steps == 0 or step == train.max_steps:
                     row.update(_host(metrics))
                     row.update(host)
@@ -145,6 +149,7 @@ def run_loop(spec: LoopSpec, cfg, run_dir: Path) -> dict[str, Any]:
             if last_saved != step:
                 ckpt.save(step, state, spec.data.get_state())
     finally:
+        profiler.close()
         ckpt.close()
         for sink in sinks:
             sink.close()

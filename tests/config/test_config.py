@@ -327,6 +327,9 @@ def _overrides(draw):
     want["log.sinks"] = tuple(draw(st.lists(st.sampled_from(_SINKS), max_size=4)))
     want["log.peak_flops"] = draw(st.none() | st.floats(1e-3, 1e18))
     want["mesh.fsdp"] = draw(st.sampled_from((-1, 1, 2, 8)))
+    want["mesh.data"] = 1 if want["mesh.fsdp"] == -1 else draw(st.sampled_from((-1, 1, 4)))
+    want["mesh.mode"] = draw(st.sampled_from(("gspmd", "allreduce")))
+    want["log.profile_steps"] = tuple(draw(st.lists(st.integers(1, 10**6), max_size=3)))
 
     def text(value):
         if value is None:
@@ -336,7 +339,7 @@ def _overrides(draw):
         if isinstance(value, float):
             return _float_text(value)
         if isinstance(value, tuple):
-            return "[" + ",".join(value) + "]"
+            return "[" + ",".join(map(str, value)) + "]"
         return str(value)
 
     return [f"{key}={text(value)}" for key, value in want.items()], want

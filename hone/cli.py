@@ -59,9 +59,15 @@ def cmd_demo(args) -> int:
 
 def cmd_train(args) -> int:
     """sft, dpo, reward, grpo, ppo, distill: load the command's config class and run its recipe."""
+    import jax
+
     from hone.config import COMMANDS, load_config
+    from hone.parallel import initialize
     from hone.train.loop import Interrupted
     cfg = load_config(COMMANDS[args.command], args.config, args.overrides)
+    # Join a multi-process run before JAX touches a device; only process 0 prints.
+    main = not initialize(cfg.distributed) or jax.process_index() == 0
+    log = print if main else (lambda *a, **k: None)
     if args.command == "sft":
         from hone.recipes.sft import run_sft as run
     elif args.command == "dpo":
@@ -75,11 +81,11 @@ def cmd_train(args) -> int:
     else:
         from hone.recipes.reward import run_reward as run
     try:
-        run(cfg)
+        run(cfg, log=log)
     except Interrupted as e:
         print(f"hone {args.command}: {e}", file=sys.stderr)
         return 1
-    print(f"done: {cfg.run_dir} (metrics.jsonl, checkpoints/, config.yaml)")
+    log(f"done: {cfg.run_dir} (metrics.jsonl, checkpoints/, config.yaml)")
     return 0
 
 

@@ -89,13 +89,26 @@ class SafetensorsFolder:
         except (SafetensorError, OSError, ValueError) as e:
             raise InputError(f"tensor {name!r} cannot be read ({e})", path=self.where(name)) from None
 
+    def get_slice(self, name: str):
+        """A lazy view of one tensor: `.get_shape()`, and `[slices]` reads only that block
+        (what sharded loading uses, hone/models/sharded_load.py)."""
+        try:
+            return self.handles[self.file_of[name]].get_slice(name)
+        except (SafetensorError, OSError, ValueError) as e:
+            raise InputError(f"tensor {name!r} cannot be read ({e})",
+                             path=self.where(name)) from None
 
-def load_hf(folder: str | Path, dtype=jnp.float32) -> Transformer:
-    """A Transformer from a Hugging Face checkpoint folder."""
+
+def load_hf(folder: str | Path, dtype=jnp.float32, *, layout=None) -> Transformer:
+    """A Transformer from a Hugging Face checkpoint folder. With a `layout` that has a mesh,
+    each device reads only its block of each tensor (hone/models/sharded_load.py)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise InputError("not a folder", path=str(folder))
     cfg = config_from_hf(read_json(folder / "config.json"), str(folder / "config.json"))
+    if layout is not None and layout.mesh is not None:
+        from hone.models.sharded_load import build_sharded
+        return build_sharded(cfg, SafetensorsFolder(folder), dtype, layout)
     return build_model(cfg, SafetensorsFolder(folder), dtype)
 
 

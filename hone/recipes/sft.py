@@ -30,10 +30,11 @@ def target_tokens(batch) -> jax.Array:
     return jnp.maximum(jnp.sum(batch["loss_mask"]), 1.0)
 
 
-def build_model(cfg, *, log=print):
-    """The model to train, with adapters when model.lora.rank > 0; and its trainable filter."""
+def build_model(cfg, *, layout=None, log=print):
+    """The model to train, with adapters when model.lora.rank > 0; and its trainable filter.
+    With a sharded `layout` the base weights are loaded straight onto their shardings."""
     from hone.models.lora import LoRAParam, apply_lora
-    model = load_model(cfg.model.source, dtype=cfg.model.dtype)
+    model = load_model(cfg.model.source, dtype=cfg.model.dtype, layout=layout)
     lora = cfg.model.lora
     trainable = nnx.Param
     if lora.rank > 0:

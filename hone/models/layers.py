@@ -30,7 +30,10 @@ def param(rngs: nnx.Rngs | None, shape: tuple[int, ...], names: tuple[str, ...],
     elif init == "ones":
         value = jnp.ones(shape, dtype)
     else:
-        value = (0.02 * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+        # The barrier keeps XLA from folding 0.02 into the sampler when init runs under jit
+        # (sharded init), so jitted and eager init give the same bits.
+        noise = jax.lax.optimization_barrier(jax.random.normal(rngs.params(), shape, jnp.float32))
+        value = (0.02 * noise).astype(dtype)
     # eager_sharding=False: sharding is applied by hone/parallel from the names, not at creation.
     return nnx.Param(value, out_sharding=names, eager_sharding=False)
 

@@ -171,8 +171,8 @@ def run_dpo(cfg: DPOConfig, *, log=print):
     """Train per cfg; returns (trained model, final train state, reference bytes)."""
     tokenizer = load_tokenizer(cfg.model.source)
     train_data, eval_data = load_pairs(cfg, tokenizer, log)
-    model, trainable = build_model(cfg)
     layout = make_layout(cfg, rows_per_example=2)
+    model, trainable = build_model(cfg, layout=layout)
     run_dir = open_run(cfg)
 
     mode = reference_mode(cfg)

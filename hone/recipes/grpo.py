@@ -114,7 +114,7 @@ def run_grpo(cfg: GRPOConfig, *, log=print):
     prompts, held_out = load_prompts(cfg, g, tokenizer, log)
     rewards = make_rewards(cfg, g, prompts, log)
     layout = make_layout(cfg)
-    model, trainable = build_model(cfg)
+    model, trainable = build_model(cfg, layout=layout)
     run_dir = open_run(cfg)
 
     mode = reference_mode(cfg, g, needed=g.beta > 0)

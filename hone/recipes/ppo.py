@@ -117,10 +117,10 @@ def make_prepare(cfg: PPOConfig, graphdef, template, policy_trainable, mode: str
     return prepare, finish
 
 
-def build_ppo_model(cfg: PPOConfig):
+def build_ppo_model(cfg: PPOConfig, layout=None):
     """(ActorCritic, its trainable filter, the policy's own trainable filter)."""
     from hone.models.lora import LoRAParam
-    policy, policy_trainable = build_model(cfg)
+    policy, policy_trainable = build_model(cfg, layout=layout)
     model = build_actor_critic(policy, cfg.ppo.critic, cfg.train.seed)
     trainable = (nnx.Any(LoRAParam, nnx.PathContains("value_head"))
                  if policy_trainable is LoRAParam else nnx.Param)
@@ -134,7 +134,7 @@ def run_ppo(cfg: PPOConfig, *, log=print):
     prompts, held_out = load_prompts(cfg, p, tokenizer, log)
     rewards = make_rewards(cfg, p, prompts, log)
     layout = make_layout(cfg)
-    model, trainable, policy_trainable = build_ppo_model(cfg)
+    model, trainable, policy_trainable = build_ppo_model(cfg, layout)
     policy = model.policy
     run_dir = open_run(cfg)
 

@@ -27,11 +27,11 @@ from hone.train.step import pair_split
 from hone.train.state import unflatten
 
 
-def build_reward_model(cfg):
+def build_reward_model(cfg, layout=None):
     """(RewardModel, trainable filter): the head always trains; the backbone fully or through
     its adapters."""
     from hone.models.lora import LoRAParam
-    backbone, trainable = build_model(cfg)
+    backbone, trainable = build_model(cfg, layout=layout)
     model = RewardModel(backbone, rngs=nnx.Rngs(cfg.train.seed))
     if trainable is LoRAParam:
         trainable = nnx.Any(LoRAParam, nnx.PathContains("head"))
@@ -67,8 +67,8 @@ def run_reward(cfg: RewardConfig, *, log=print):
     """Train per cfg; returns (trained RewardModel, final train state)."""
     tokenizer = load_tokenizer(cfg.model.source)
     train_data, eval_data = load_pairs(cfg, tokenizer, log)
-    model, trainable = build_reward_model(cfg)
     layout = make_layout(cfg, rows_per_example=2)
+    model, trainable = build_reward_model(cfg, layout)
     run_dir = open_run(cfg)
     graphdef, params, frozen, state, step, eval_step = compile_steps(
         cfg, model, trainable, make_reward_loss(cfg), pair_count,

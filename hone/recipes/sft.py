@@ -67,7 +67,7 @@ def run_sft(cfg: SFTConfig, *, log=print):
                             **data_kw)
         log(f"eval data: {eval_data.describe()}")
     layout = make_layout(cfg)
-    model, trainable = build_model(cfg)
+    model, trainable = build_model(cfg, layout=layout)
     run_dir = open_run(cfg)
     graphdef, params, frozen, state, step, eval_step = compile_steps(
         cfg, model, trainable, sft_step_loss, target_tokens, layout=layout)

@@ -22,6 +22,8 @@ def open_run(cfg) -> Path:
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if jax.process_index() == 0:  # one writer; the other processes hold the same config
+        from hone.checkpoint import ensure_unlocked
+        ensure_unlocked(run_dir / "checkpoints")  # a run already using run_dir: refuse now
         dump_yaml(cfg, run_dir / "config.yaml")
     return run_dir
 

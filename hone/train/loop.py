@@ -9,6 +9,7 @@ next step boundary and stop (`Interrupted`); the same command then continues.
 from __future__ import annotations
 
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,13 +82,22 @@ def run_loop(spec: LoopSpec, cfg, run_dir: Path) -> dict[str, Any]:
     """
     train, ckpt_cfg, log = cfg.train, cfg.checkpoint, cfg.log
     ckpt = Checkpointer(run_dir / "checkpoints", keep=ckpt_cfg.keep,
-                        async_save=ckpt_cfg.async_save)
+                        async_save=ckpt_cfg.async_save, exclusive=True)  # refused if in use
     state, start = spec.state, 0
-    latest = ckpt.latest_step()
-    if latest is not None:
-        state, data_state = ckpt.restore(latest, spec.state)
-        spec.data.set_state(data_state)
+    # The newest checkpoint whose manifest verifies (older ones if it is damaged).
+    try:
+        restored = ckpt.restore_latest(spec.state)
+    except BaseException:  # none usable: release the folder's lock before stopping
+        ckpt.close()
+        raise
+    latest = restored.step if restored is not None else None
+    if restored is not None:
+        state = restored.state
+        spec.data.set_state(restored.data_state)
         start = latest
+        if jax.process_index() == 0:
+            print(f"resumed from step {latest} of {ckpt.directory} "
+                  f"(checkpoint sha256 {restored.checkpoint_hash})", file=sys.stderr)
     sinks = []
     if jax.process_index() == 0:  # one process writes the logs; every process checkpoints
         sinks = make_sinks(log.sinks, run_dir, max_steps=train.max_steps,

@@ -33,8 +33,8 @@ class TeacherSection:
     # Dtype the teacher is stored and run in (bfloat16 halves its memory; its logits are
     # float32 either way).
     dtype: str = field(default="float32", metadata={"choices": ("float32", "bfloat16")})
-    # Devices of the teacher's own: the last N of this host's (its sub-mesh, data parallel over
-    # them); 0 = it runs inside the student's step, on the student's devices.
+    # Devices of the teacher's own: the last N of this host's (its sub-mesh; its weights sharded
+    # over them, fsdp); 0 = it runs inside the student's step, on the student's devices.
     devices: int = field(default=0, metadata={"min": 0})
 
 

@@ -101,6 +101,9 @@ class GRPOSection(RolloutKeys):
     # The reference: copy of the starting weights, the base with adapters off, or auto.
     reference: str = field(default="auto", metadata={
         "choices": ("auto", "copy", "adapters_off")})
+    # Devices of the reference's own: the last N of this host's (its weights split over them,
+    # its forward a separate program); 0 = the reference runs inside the policy's step.
+    reference_devices: int = field(default=0, metadata={"min": 0})
     # Optimisation passes over each rollout (mu); > 1 uses stored old log-probabilities.
     iterations: int = field(default=1, metadata={"min": 1})
     # DAPO dynamic sampling: drop groups whose rewards are all equal and refill with new
@@ -142,6 +145,10 @@ class PPOSection(RolloutKeys):
         "choices": ("auto", "copy", "adapters_off", "ema")})
     # EMA reference decay: ref <- decay * ref + (1 - decay) * policy.
     ema_decay: float = field(default=0.99, metadata={"min": 0.0, "lt": 1.0})
+    # Devices of the reference's own: the last N of this host's (its weights split over them,
+    # its forward a separate program; an EMA reference's weights are sent there every step);
+    # 0 = the reference runs inside the policy's step.
+    reference_devices: int = field(default=0, metadata={"min": 0})
 
 
 @dataclass(frozen=True)
@@ -186,6 +193,9 @@ class GRPOConfig(RLConfig):
         if g.group_size < 2 and (g.scale == "group" or g.leave_one_out):
             raise InputError("group advantages need at least 2 samples per prompt",
                              key="grpo.group_size")
+        if g.reference_devices and g.beta == 0:
+            raise InputError("grpo.beta = 0 runs no reference model, so there is none to put "
+                             "on devices of its own", key="grpo.reference_devices")
 
 
 @dataclass(frozen=True)
@@ -202,3 +212,8 @@ class PPOConfig(RLConfig):
             raise InputError(f"{self.train.batch_size} completions do not split into "
                              f"{self.ppo.minibatches} minibatches of {self.train.grad_accum} "
                              "micro-batches", key="ppo.minibatches")
+        p = self.ppo
+        if p.reference_devices and p.kl_coef == 0 and p.kl_target is None:
+            raise InputError("ppo.kl_coef = 0 with no kl_target runs no reference model, so "
+                             "there is none to put on devices of its own",
+                             key="ppo.reference_devices")

@@ -32,7 +32,7 @@ from hone.recipes.common import (compile_steps, load_pairs, make_layout, open_ru
 from hone.recipes.sft import build_model
 from hone.train.loop import LoopSpec, run_loop
 from hone.train.step import pair_split
-from hone.train.state import tree_bytes, unflatten
+from hone.train.state import flatten, tree_bytes, unflatten
 
 REFERENCE_FREE = ("simpo", "orpo")
 
@@ -62,8 +62,10 @@ def reference_model(model, mode: str, aux):
     if mode == "adapters_off":
         graphdef, lora, rest = nnx.split(model, LoRAParam, ...)
         return nnx.merge(graphdef, jax.tree.map(jnp.zeros_like, lora), rest)
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)  # mode == "copy"
-    return nnx.merge(graphdef, unflatten(params, aux), rest)
+    # mode == "copy": aux holds the starting values of the trained weights (every parameter,
+    # or only the adapters when training LoRA); the rest is shared with the policy.
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    return nnx.merge(graphdef, unflatten(params, {**flatten(params), **aux}), rest)
 
 
 def make_dpo_loss(cfg: DPOConfig, mode: str | None):

@@ -7,6 +7,9 @@ iterations, the reference's log-probabilities when beta > 0) and runs the update
 
 Design choices:
 - beta = 0 builds no reference at all: no copy of weights, no reference forward pass.
+- `grpo.reference_devices: N` puts the reference on the last N devices (`RemoteReference`): its
+  log-probabilities are computed there between the rollout and the step and arrive with the
+  batch, so the step's `prepare` skips the reference and the policy's devices hold no copy.
 - With one iteration the old log-probabilities are the trainer's own, detached (ratio 1, as TRL
   does), so no extra forward pass is spent; with more, they are computed once before the updates.
 - The loss is summed per micro-batch and divided by the whole batch's denominator (tokens,
@@ -30,8 +33,8 @@ from hone.models.loading import load_tokenizer
 from hone.parallel import logical_names
 from hone.recipes.common import make_layout, open_run
 from hone.recipes.dpo import reference_model
-from hone.recipes.rl_common import (Rollouts, load_prompts, make_rewards, make_rl_eval,
-                                    policy_means, rl_optimizer)
+from hone.recipes.rl_common import (RemoteReference, Rollouts, load_prompts, make_rewards,
+                                    make_rl_eval, policy_means, reference_split, rl_optimizer)
 from hone.recipes.sft import build_model
 from hone.rl.step import chunked, make_rl_step
 from hone.train.loop import LoopSpec, run_loop
@@ -113,7 +116,8 @@ def run_grpo(cfg: GRPOConfig, *, log=print):
     tokenizer = load_tokenizer(cfg.model.source)
     prompts, held_out = load_prompts(cfg, g, tokenizer, log)
     rewards = make_rewards(cfg, g, prompts, log)
-    layout = make_layout(cfg)
+    ref_devices, policy_devices = reference_split(cfg)
+    layout = make_layout(cfg, devices=policy_devices)
     model, trainable = build_model(cfg, layout=layout)
     run_dir = open_run(cfg)
 
@@ -123,14 +127,22 @@ def run_grpo(cfg: GRPOConfig, *, log=print):
     optimizer, schedule = rl_optimizer(cfg.train, g.iterations)
     state = layout.place_train_state(new_train_state(flatten(params), optimizer, cfg.train.seed),
                                      logical_names(params))
-    aux = jax.tree.map(jnp.copy, state["params"]) if mode == "copy" else None
-    log(f"reference: {mode or 'none (beta = 0)'} ({tree_bytes(aux) / 2**20:.1f} MiB of extra "
-        "weights)")
+    reference = None
+    if ref_devices:  # the starting weights move to the reference's devices once
+        reference = RemoteReference(cfg, graphdef, params, frozen, trainable, mode,
+                                    state["params"], ref_devices)
+        aux = None
+        log(f"reference: {mode} {reference.describe()}")
+    else:
+        aux = jax.tree.map(jnp.copy, state["params"]) if mode == "copy" else None
+        log(f"reference: {mode or 'none (beta = 0)'} ({tree_bytes(aux) / 2**20:.1f} MiB of "
+            "extra weights)")
     step = make_rl_step(
         graphdef, params, make_grpo_loss(cfg),
         lambda b: policy_loss_denominator(b["loss_mask"], g.loss_agg, max_len=g.max_new_tokens),
         optimizer, schedule, accum=cfg.train.grad_accum, precision=cfg.train.precision,
-        epochs=g.iterations, prepare=make_prepare(cfg, graphdef, params, mode), layout=layout)
+        epochs=g.iterations, layout=layout,
+        prepare=make_prepare(cfg, graphdef, params, None if reference else mode))
 
     data_iter = prompts.iterator(cfg.train.batch_size // g.group_size, cfg.train.seed)
     rollouts = Rollouts(cfg, g, graphdef, params, frozen, tokenizer, prompts, data_iter, rewards)
@@ -141,6 +153,8 @@ def run_grpo(cfg: GRPOConfig, *, log=print):
         adv, _ = grpo_advantages(jnp.asarray(total), g.group_size, scale=g.scale,
                                  leave_one_out=g.leave_one_out)
         rows["advantages"] = np.asarray(adv, np.float32)
+        if reference is not None:
+            rows["ref_logp"] = reference(rows)
         return rows, metrics
 
     evaluate = make_rl_eval(rollouts, held_out)

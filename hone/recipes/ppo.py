@@ -9,6 +9,11 @@ Each step: sample completions with the current policy, score each with the rewar
 3. runs `epochs x minibatches` clipped updates of policy loss + vf_coef * clipped value loss;
 4. updates the adaptive KL coefficient (Ziegler et al.: kl_coef *= 1 + clip(KL/target - 1,
    -0.2, 0.2) * B / horizon) and the EMA reference, both part of the checkpointed state.
+
+With `ppo.reference_devices: N` the reference runs on the last N devices instead
+(`RemoteReference`) and its log-probabilities arrive with the batch. The EMA stays in the
+policy's state (it is checkpointed there); its weights are sent to the reference's devices
+before each step, the weight transfer a reference that changes calls for.
 """
 
 from __future__ import annotations
@@ -25,8 +30,8 @@ from hone.models.loading import load_tokenizer
 from hone.parallel import logical_names
 from hone.recipes.common import make_layout, open_run
 from hone.recipes.grpo import diagnostics, reference_mode
-from hone.recipes.rl_common import (Rollouts, load_prompts, make_rewards, make_rl_eval,
-                                    policy_means, rl_optimizer)
+from hone.recipes.rl_common import (RemoteReference, Rollouts, load_prompts, make_rewards,
+                                    make_rl_eval, policy_means, reference_split, rl_optimizer)
 from hone.recipes.sft import build_model
 from hone.rl.critic import ActorCritic, build_actor_critic, policy_reference
 from hone.rl.step import chunked, make_rl_step
@@ -68,7 +73,9 @@ def make_ppo_loss(cfg: PPOConfig):
     return loss_fn
 
 
-def make_prepare(cfg: PPOConfig, graphdef, template, policy_trainable, mode: str):
+def make_prepare(cfg: PPOConfig, graphdef, template, policy_trainable, mode: str,
+                 remote: bool = False):
+    """(prepare, finish) of the RL step; `remote`: ref_logp arrives with the batch."""
     p, precision = cfg.ppo, cfg.train.precision
 
     def prepare(state, frozen, batch, aux):
@@ -81,6 +88,8 @@ def make_prepare(cfg: PPOConfig, graphdef, template, policy_trainable, mode: str
             out = {"old_logp": token_logprobs(logits, mb["targets"]), "old_values": values}
             if mode is None:  # no KL term: no reference forward pass
                 out["ref_logp"] = out["old_logp"]
+            elif remote:  # computed on the reference's own devices
+                out["ref_logp"] = mb["ref_logp"]
             else:
                 ref = policy_reference(model, policy_trainable, ref_params)
                 ref_logits = ref(mb["tokens"], positions=mb["positions"],
@@ -133,7 +142,8 @@ def run_ppo(cfg: PPOConfig, *, log=print):
     tokenizer = load_tokenizer(cfg.model.source)
     prompts, held_out = load_prompts(cfg, p, tokenizer, log)
     rewards = make_rewards(cfg, p, prompts, log)
-    layout = make_layout(cfg)
+    ref_devices, policy_devices = reference_split(cfg)
+    layout = make_layout(cfg, devices=policy_devices)
     model, trainable, policy_trainable = build_ppo_model(cfg, layout)
     policy = model.policy
     run_dir = open_run(cfg)
@@ -145,14 +155,24 @@ def run_ppo(cfg: PPOConfig, *, log=print):
     state = new_train_state(flatten(params), optimizer, cfg.train.seed)
     state["kl_coef"] = jnp.float32(p.kl_coef)
     start = {k: jnp.copy(v) for k, v in policy_part(state["params"]).items()}
-    aux = start if mode == "copy" else None
+    aux = start if mode == "copy" and not ref_devices else None
     if mode == "ema":
         state["ema"] = start
     state = layout.place_train_state(state, logical_names(params))
-    extra = tree_bytes(start) if mode in ("copy", "ema") else 0
-    log(f"reference: {mode or 'none (no KL term)'} ({extra / 2**20:.1f} MiB of extra weights); "
-        f"critic: {p.critic}")
-    prepare_fn, finish_fn = make_prepare(cfg, graphdef, params, policy_trainable, mode)
+    # The sampler and the reference see only the policy: its graph, trainable weights and rest.
+    pol_graphdef, pol_params, pol_frozen = split_model(policy, policy_trainable)
+    reference = None
+    if ref_devices:
+        reference = RemoteReference(cfg, pol_graphdef, pol_params, pol_frozen,
+                                    policy_trainable, mode, start, ref_devices)
+        where = reference.describe()
+    else:
+        extra = tree_bytes(start) if mode in ("copy", "ema") else 0
+        where = f"({extra / 2**20:.1f} MiB of extra weights)"
+    del start  # "copy" on its own devices: no copy stays on the policy's
+    log(f"reference: {mode or 'none (no KL term)'} {where}; critic: {p.critic}")
+    prepare_fn, finish_fn = make_prepare(cfg, graphdef, params, policy_trainable, mode,
+                                         remote=reference is not None)
     step = make_rl_step(
         graphdef, params, make_ppo_loss(cfg),
         lambda b: jnp.maximum(jnp.sum(b["loss_mask"]), 1.0), optimizer, schedule,
@@ -160,8 +180,6 @@ def run_ppo(cfg: PPOConfig, *, log=print):
         minibatches=p.minibatches, prepare=prepare_fn, finish=finish_fn, layout=layout)
 
     data_iter = prompts.iterator(cfg.train.batch_size // p.group_size, cfg.train.seed)
-    # The sampler sees only the policy: its graph, its trainable weights and its frozen rest.
-    pol_graphdef, pol_params, pol_frozen = split_model(policy, policy_trainable)
     rollouts = Rollouts(cfg, p, pol_graphdef, pol_params, pol_frozen, tokenizer, prompts,
                         data_iter, rewards)
 
@@ -169,6 +187,10 @@ def run_ppo(cfg: PPOConfig, *, log=print):
         rows, total, _, metrics = rollouts.collect({"params": policy_part(state["params"])},
                                                    prompt_batch, step_index)
         rows["scores"] = np.asarray(total, np.float32)
+        if reference is not None:
+            if mode == "ema":  # the EMA as the last step left it, as the in-step reference reads
+                reference.transfer_params(state["ema"])
+            rows["ref_logp"] = reference(rows)
         return rows, metrics
 
     evaluate = make_rl_eval(rollouts, held_out)

@@ -6,20 +6,31 @@ builds the policy from the state's current weights (no copy), samples G completi
 scores them with the reward functions and returns the training rows plus rollout metrics.
 DAPO dynamic sampling draws further prompt batches from the same iterator (whose position is in
 the checkpoint) until the batch holds enough groups whose rewards differ.
+
+With `<section>.reference_devices: N` the reference model is a `RemoteReference`: its weights on
+the last N devices, the policy's mesh over the others, and each rollout's reference
+log-probabilities computed there between the rollout and the step, so they reach the step with
+the batch (`batch["ref_logp"]`) and its `prepare` runs no reference forward.
 """
 
 from __future__ import annotations
 
 import time
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from hone.datasets.arithmetic import is_correct
 from hone.errors import InputError
+from hone.losses import token_logprobs
+from hone.parallel.roles import FrozenRole, split_devices
 from hone.rl.prompts import PromptData
 from hone.rl.rollout import Samples, completion_stats, pack_rows, sample, step_seed
-from hone.train.state import unflatten
+from hone.rl.step import chunked
+from hone.train.state import flatten, unflatten
+from hone.train.step import merge
 
 
 def make_rewards(cfg, section, prompts: PromptData, log):
@@ -219,3 +230,63 @@ def policy_means(row: dict) -> dict:
     if "sampler_gap_sq_sum" in row:
         out["sampler_gap_rms"] = float(np.sqrt(row["sampler_gap_sq_sum"] / tokens))
     return out
+
+
+def reference_split(cfg) -> tuple[list | None, list | None]:
+    """(the reference's devices, the policy's) for `<section>.reference_devices` > 0, else
+    (None, None): every device is the policy's."""
+    count = getattr(cfg, cfg.SECTION).reference_devices
+    if not count:
+        return None, None
+    return split_devices(count, f"{cfg.SECTION}.reference_devices", "the policy")
+
+
+class RemoteReference(FrozenRole):
+    """The reference model on devices of its own: rollout rows -> ref_logp [B, L] (host).
+
+    Its weights are the policy's frozen rest plus `params`, the reference's values of the
+    policy's trainable weights (flat, keyed like `template`): the starting weights ("copy"),
+    the EMA ("ema", sent again each step with `transfer_params`), or, for "adapters_off",
+    ignored: the adapters are zeroed, so the reference is the frozen base. Its program builds
+    the model exactly as the in-step reference does (`merge` in the training precision, then the
+    trainable weights replaced, uncast, or zeroed), in chunks of one micro-batch, so the
+    log-probabilities and the memory match the reference inside the step.
+    """
+
+    KEYS = ("tokens", "positions", "attention_mask", "targets")  # what its forward reads
+
+    def __init__(self, cfg, graphdef, template, frozen, trainable, mode: str, params: dict,
+                 devices):
+        if mode == "adapters_off":  # no transfer of adapter values the program zeroes anyway
+            params = jax.tree.map(jnp.zeros_like, params)
+        self.template = template
+        precision, chunks = cfg.train.precision, cfg.train.grad_accum
+
+        def ref_logp(weights, batch):
+            flat = flatten(weights["params"])
+
+            def score(mb):
+                model = merge(graphdef, template, flat, weights["frozen"], precision)
+                g, p, rest = nnx.split(model, trainable, ...)
+                p = (jax.tree.map(jnp.zeros_like, p) if mode == "adapters_off"
+                     else unflatten(p, flat))
+                logits = nnx.merge(g, p, rest)(mb["tokens"], positions=mb["positions"],
+                                                attention_mask=mb["attention_mask"])
+                return token_logprobs(logits, mb["targets"])  # [b, L]
+
+            return chunked(score, batch, chunks)
+
+        weights = {"params": unflatten(template, params), "frozen": frozen}
+        super().__init__(weights, {"ref_logp": ref_logp}, devices)
+
+    def transfer_params(self, params: dict) -> None:
+        """New reference values of the trainable weights (flat), device to device."""
+        self.transfer("params", unflatten(self.template, params))
+
+    def __call__(self, rows: dict) -> np.ndarray:
+        return super().__call__({key: rows[key] for key in self.KEYS})
+
+    def describe(self) -> str:
+        per_device = self.layout.device_bytes(self.weights, self.devices[-1])
+        return (f"on devices {[d.id for d in self.devices]} "
+                f"({per_device / 2**20:.1f} MiB of weights on each)")

@@ -64,6 +64,19 @@ def test_beta_zero_builds_and_runs_no_reference(tmp_path):
     assert "kl" not in rows(tmp_path)[0]
 
 
+def test_lora_with_a_copied_reference_equals_the_adapters_off_reference(tmp_path):
+    """LoRA adapters start at B = 0, so a copy of the starting adapters and the base with the
+    adapters switched off are the same reference: the two runs give the same losses."""
+    losses = {}
+    for mode in ("copy", "adapters_off"):
+        cfg = config(GRPOConfig, "grpo", tmp_path / mode, "train.max_steps=2",
+                     "data.eval_path=null", "model.lora.rank=4", "grpo.kl_kind=k1",
+                     f"grpo.reference={mode}")
+        run_grpo(cfg, **QUIET)
+        losses[mode] = [r["loss"] for r in rows(tmp_path / mode) if "loss" in r]
+    np.testing.assert_allclose(losses["copy"], losses["adapters_off"], rtol=1e-5, atol=1e-9)
+
+
 def _synthetic_rollout(rng, b=8, length=24, prompt=8):
     tokens = rng.integers(3, 200, (b, length)).astype(np.int32)
     lens = rng.integers(1, length - prompt, b)

@@ -41,29 +41,17 @@ from safetensors import SafetensorError
 from hone.errors import InputError
 from hone.models.config import ModelConfig
 from hone.models.transformer import Transformer
-from hone.models.weights import hf_name_table, hf_shape
+from hone.models.weights import DictSource, hf_name_table, hf_shape
 
 Index = tuple[slice, ...]  # one step-1 slice per axis, bounds resolved
 
 
-class HostTensors:
+class HostTensors(DictSource):
     """Whole tensors already on the host (a converted GGUF), each handed over once: `take`
     drops this dict's reference, so a tensor's host copy can be freed once it is placed."""
 
-    def __init__(self, tensors: dict[str, np.ndarray], origin: str):
-        self.tensors, self.origin = tensors, origin
-
-    def names(self) -> set[str]:
-        return set(self.tensors)
-
-    def get(self, name: str) -> np.ndarray:
-        return self.tensors[name]
-
     def take(self, name: str) -> np.ndarray:
         return self.tensors.pop(name)
-
-    def where(self, name: str) -> str:
-        return self.origin
 
 
 # ---- hone block -> HF block --------------------------------------------------------------------

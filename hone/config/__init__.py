@@ -3,7 +3,8 @@
 from hone.config.fields import check_fields
 from hone.config.loader import load_config
 from hone.config.schema import (CheckpointSection, DataSection, DistributedSection, DPOConfig,
-                                DPOSection, LogSection, LoraSection, MeshSection, ModelSection,
+                                DPOSection, GuardSection, LogSection, LoraSection, MeshSection,
+                                ModelSection,
                                 RewardConfig, RewardSection, SFTConfig, TrainConfig,
                                 TrainSection)
 from hone.config.distill_schema import DistillConfig, DistillSection, TeacherSection
@@ -16,7 +17,7 @@ COMMANDS = {"sft": SFTConfig, "dpo": DPOConfig, "reward": RewardConfig, "grpo": 
 
 __all__ = ["COMMANDS", "CheckpointSection", "DataSection", "DistillConfig", "DistillSection",
            "TeacherSection", "DPOConfig", "DPOSection",
-           "GRPOConfig", "GRPOSection", "PPOConfig", "PPOSection", "RewardsSection",
+           "GRPOConfig", "GRPOSection", "GuardSection", "PPOConfig", "PPOSection", "RewardsSection",
            "LogSection", "LoraSection", "MeshSection", "DistributedSection", "ModelSection",
            "RewardConfig",
            "RewardSection", "SFTConfig", "TrainConfig", "TrainSection", "check_fields",

@@ -179,6 +179,27 @@ class DistributedSection:
 
 
 @dataclass(frozen=True)
+class GuardSection:
+    # Non-finite (NaN/inf) loss or gradient steps in a row that trigger a rollback; each such
+    # step is skipped (no update) either way.
+    max_skips: int = field(default=3, metadata={"min": 1})
+    # Roll back when the loss exceeds this times its moving average; None = off.
+    spike_factor: float | None = field(default=None, metadata={"gt": 1.0})
+    # Decay of the loss moving average (EMA) the spike test compares against.
+    ema_beta: float = field(default=0.99, metadata={"min": 0.0, "lt": 1.0})
+    # Applied steps averaged into the EMA before the spike test starts.
+    warmup_steps: int = field(default=20, metadata={"min": 0})
+    # Roll back when the gradient norm (before clipping) exceeds this; None = off.
+    max_grad_norm: float | None = field(default=None, metadata={"gt": 0.0})
+    # RL only: roll back when the logged `kl` metric exceeds this; None = off.
+    max_kl: float | None = field(default=None, metadata={"gt": 0.0})
+    # Each rollback multiplies the learning rate by this (the scale is checkpointed).
+    lr_factor: float = field(default=0.8, metadata={"gt": 0.0, "max": 1.0})
+    # Rollbacks allowed in one run before it stops with an error.
+    max_rollbacks: int = field(default=5, metadata={"min": 0})
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     # Folder for checkpoints, metrics.jsonl and the resolved config.yaml; reused = resume.
     run_dir: str = "runs/default"
@@ -196,6 +217,8 @@ class TrainConfig:
     mesh: MeshSection = field(default_factory=MeshSection)
     # Several processes (hosts) training as one: jax.distributed.
     distributed: DistributedSection = field(default_factory=DistributedSection)
+    # Skipping non-finite steps, rolling back on spikes (hone.train.guards).
+    guard: GuardSection = field(default_factory=GuardSection)
 
     def __post_init__(self):
         check_fields(self)

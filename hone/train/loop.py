@@ -4,6 +4,12 @@ Exact resume: the checkpoint holds the train state and the data iterator's posit
 metrics.jsonl is cut back to the restored step, so a run that was killed and started again
 writes the same numbers as one that never stopped. SIGTERM and SIGINT save a checkpoint at the
 next step boundary and stop (`Interrupted`); the same command then continues.
+
+Guards (hone.train.guards): the step withholds non-finite updates itself; a tripped guard is
+read where the loop syncs anyway (logged steps, before a save, at the end, on a signal) and
+answered by a rollback to the newest checkpoint with a lower learning rate, logged as a
+`guard/rollback_to` row and on the console. RL runs also check their logged `kl` against
+guard.max_kl.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import Any, Callable
 import jax
 
 from hone.checkpoint import Checkpointer
+from hone.train import guards
 from hone.metrics.sinks import make_sinks
 from hone.parallel.profile import StepProfiler
 
@@ -84,6 +91,9 @@ def run_loop(spec: LoopSpec, cfg, run_dir: Path) -> dict[str, Any]:
     ckpt = Checkpointer(run_dir / "checkpoints", keep=ckpt_cfg.keep,
                         async_save=ckpt_cfg.async_save, exclusive=True)  # refused if in use
     state, start = spec.state, 0
+    # Shapes, dtypes and shardings to restore into; spec.state itself is donated to the step.
+    like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                        spec.state)
     # The newest checkpoint whose manifest verifies (older ones if it is damaged).
     try:
         restored = ckpt.restore_latest(spec.state)
@@ -98,6 +108,7 @@ def run_loop(spec: LoopSpec, cfg, run_dir: Path) -> dict[str, Any]:
         if jax.process_index() == 0:
             print(f"resumed from step {latest} of {ckpt.directory} "
                   f"(checkpoint sha256 {restored.checkpoint_hash})", file=sys.stderr)
+    state = guards.configure(state, cfg.guard)  # the limits in force are the config's
     sinks = []
     if jax.process_index() == 0:  # one process writes the logs; every process checkpoints
         sinks = make_sinks(log.sinks, run_dir, max_steps=train.max_steps,
@@ -147,7 +158,17 @@ def run_loop(spec: LoopSpec, cfg, run_dir: Path) -> dict[str, Any]:
                     row.update(spec.extra_metrics(row))
                     for sink in sinks:
                         sink.write(step, row)
-                if ckpt_cfg.every_steps and step % ckpt_cfg.every_steps == 0:
+                save_due = bool(ckpt_cfg.every_steps and step % ckpt_cfg.every_steps == 0)
+                reason = 0
+                if "loss" in row or save_due or step == train.max_steps or flag.raised:
+                    reason = guards.tripped(state)
+                if not reason and guards.kl_overshoot(cfg.guard, row):
+                    reason = guards.KL_TRIP  # the logged `kl` (RL rows), already on the host
+                if reason:
+                    state, step = _roll_back(state, reason, step, ckpt, like, spec, cfg, sinks)
+                    last_saved = step
+                    continue
+                if save_due:
                     ckpt.save(step, state, spec.data.get_state())
                     last_saved = step
                 if flag.raised is not None and step < train.max_steps:
@@ -164,3 +185,25 @@ def run_loop(spec: LoopSpec, cfg, run_dir: Path) -> dict[str, Any]:
         for sink in sinks:
             sink.close()
     return state
+
+
+def _roll_back(state, reason: int, step: int, ckpt: Checkpointer, like, spec: LoopSpec, cfg,
+               sinks) -> tuple[dict[str, Any], int]:
+    """(state, step) to continue from after a guard tripped at `step`: the newest checkpoint
+    with the guard's counters carried over and a lower learning-rate scale (GuardError when
+    that is not possible)."""
+    ckpt.wait()
+    restored = ckpt.restore_latest(like)
+    new = guards.rollback(state, restored.state if restored else None, cfg.guard, reason, step,
+                          restored.step if restored else None)
+    spec.data.set_state(restored.data_state)
+    row = dict(_host(guards.metrics(new["guard"])), **{"guard/rollback_to": restored.step,
+                                                        "guard/tripped": reason})
+    if jax.process_index() == 0:
+        print(f"guard: {guards.REASONS[reason]} at step {step}; rolled back to step "
+              f"{restored.step}, learning-rate scale now {row['guard/lr_scale']:.4g} "
+              f"(rollback {row['guard/rollbacks']} of {cfg.guard.max_rollbacks})",
+              file=sys.stderr)
+    for sink in sinks:
+        sink.write(step, row)
+    return new, restored.step

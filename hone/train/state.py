@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from hone.train.guards import init_state
+
 
 def path_key(path: tuple) -> str:
     return "/".join(str(p) for p in path)
@@ -39,14 +41,19 @@ def split_model(model: nnx.Module, trainable) -> tuple[Any, nnx.State, nnx.State
     return graphdef, train_state, rest
 
 
-def new_train_state(params: dict[str, jax.Array], optimizer, seed: int) -> dict[str, Any]:
-    """The checkpointed state of a fresh run."""
+def new_train_state(params: dict[str, jax.Array], optimizer, seed: int,
+                    guard=None) -> dict[str, Any]:
+    """The checkpointed state of a fresh run. `guard` is a GuardSection (default limits when
+    None; the loop writes the config's limits in before training)."""
     return {
         "step": jnp.zeros((), jnp.int32),
         "params": params,
         "opt_state": optimizer.init(params),
         # Raw key data (uint32) rather than a typed key: plain arrays checkpoint anywhere.
         "rng": jax.random.key_data(jax.random.key(seed)),
+        # Skips, rollbacks, loss EMA and learning-rate scale: checkpointed so a resumed run
+        # makes the same decisions.
+        "guard": init_state(guard),
     }
 
 

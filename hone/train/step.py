@@ -14,6 +14,9 @@ Design choices:
   all-reduce mode each device computes the gradients of its own rows under `shard_map` and an
   explicit `psum` over `data` adds them (every loss is already divided by the whole batch's
   normalizer, so the sum is the full-batch gradient).
+- With a guard state in the train state (hone.train.guards) the updates are scaled by its
+  learning-rate scale, and a step with a non-finite loss or gradient norm (or one that trips
+  a guard) keeps the old parameters and optimizer state, chosen inside the step.
 - Precision "bf16" casts parameters to bfloat16 for the forward pass only; the master weights,
   gradients and optimizer state stay float32, and logits/softmax are computed in float32.
 """
@@ -27,6 +30,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from hone.train.guards import guard_update
 from hone.train.state import unflatten
 
 # loss_fn(model, micro_batch, normalizer, rng_key, aux) -> (loss, metrics): metrics are sums
@@ -156,11 +160,28 @@ def update_fn(graphdef, template, loss_fn: LossFn, normalizer_fn: NormalizerFn,
         else:
             grads, loss, sums = accumulate(params, frozen, batch, normalizer, key, aux,
                                            keep_split=mesh is not None)
-        updates, opt_state = optimizer.update(grads, state["opt_state"], params)
-        new_state = dict(state, step=state["step"] + 1, opt_state=opt_state,
-                         params=optax.apply_updates(params, updates))
-        metrics = dict(sums, loss=loss, grad_norm=optax.tree.norm(grads),
-                       lr=schedule(state["step"]))
+        lr, grad_norm = schedule(state["step"]), optax.tree.norm(grads)
+
+        def apply(scale):
+            updates, opt_state = optimizer.update(grads, state["opt_state"], params)
+            if scale is not None:
+                updates = jax.tree.map(lambda u: u * scale.astype(u.dtype), updates)
+            return optax.apply_updates(params, updates), opt_state
+
+        if "guard" in state:  # the rollbacks' learning-rate scale
+            # A branch per case: scaling the updates in line, even by 1.0, changes how XLA
+            # fuses (and rounds) the update, and a healthy run must not change by an ulp.
+            scale = state["guard"]["lr_scale"]
+            new_params, opt_state = jax.lax.cond(scale == 1, lambda: apply(None),
+                                                 lambda: apply(scale))
+            lr = lr * scale
+        else:
+            new_params, opt_state = apply(None)
+        new_state = dict(state, step=state["step"] + 1, opt_state=opt_state, params=new_params)
+        metrics = dict(sums, loss=loss, grad_norm=grad_norm, lr=lr)
+        if "guard" in state:  # withhold non-finite or tripping updates (hone.train.guards)
+            new_state, guard_metrics = guard_update(state, new_state, loss, grad_norm)
+            metrics.update(guard_metrics)
         return new_state, metrics
 
     return step

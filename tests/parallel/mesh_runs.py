@@ -25,7 +25,7 @@ def run(algo: str, run_dir: Path, mesh: str, overrides: list[str]) -> dict:
     d, f, t, *mode = mesh.split(",")
     cfg = load_config(COMMANDS[algo], ROOT / f"configs/tiny/{algo}.yaml", [
         f"run_dir={run_dir}", "train.max_steps=10", "log.sinks=[jsonl]", "train.eval_every=0",
-        "checkpoint.every_steps=0", f"mesh.data={d}", f"mesh.fsdp={f}", f"mesh.tp={t}",
+        "checkpoint.every_steps=0", "data.max_records=256", f"mesh.data={d}", f"mesh.fsdp={f}", f"mesh.tp={t}",
         f"mesh.mode={(mode or ['gspmd'])[0]}"] + overrides)
     recipe = importlib.import_module(f"hone.recipes.{algo}")
     state = getattr(recipe, f"run_{algo}")(cfg, log=lambda *a: None)[1]

@@ -48,8 +48,6 @@ def split_devices(count: int, key: str, trainee: str = "the model being trained"
 def role_layout(devices) -> Layout:
     """A role's sub-mesh: fsdp over its devices (weights split, rows split). One device still
     gets a mesh (of one), so the weights are moved onto it rather than left where they were."""
-    if len(devices) == 1:
-        return Layout(build_mesh(MeshSection(data=1, fsdp=1, tp=1), devices))
     return Layout(build_mesh(MeshSection(data=1, fsdp=-1, tp=1), devices))
 
 

@@ -96,6 +96,14 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from hone.report import report_files, write_report
+    out = write_report(args.run, args.out)
+    for path in report_files(out.parent):
+        print(path)
+    return 0
+
+
 def _add_train_command(sub, name: str, func, what: str) -> None:
     p = sub.add_parser(name, help=what, description=(
         f"{what}.\n\nRunning the same command again with the same run_dir resumes from the "
@@ -159,6 +167,17 @@ def build_parser() -> argparse.ArgumentParser:
                      help="hf: merged weights transformers loads as-is (default); "
                      "peft: adapter_config.json + adapter_model.safetensors")
     exp.set_defaults(func=cmd_export)
+
+    rep = sub.add_parser("report", help="plot a run's metrics: PNGs and a self-contained HTML "
+                         "page", description="Plot a run's metrics.jsonl (loss, reward, KL, "
+                         "accuracy, learning rate,\nthroughput, gradient norm, guard events) as "
+                         "PNGs and one self-contained report.html.\n\nexamples:\n"
+                         "  hone report runs/tiny-sft\n"
+                         "  hone report runs/tiny-grpo --out grpo-report/",
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    rep.add_argument("run", help="the run folder (run_dir of the config)")
+    rep.add_argument("--out", default=None, help="the folder to write (default RUN/report)")
+    rep.set_defaults(func=cmd_report)
 
     demo = sub.add_parser("demo", help="fine-tune the shipped SmolLM2-135M-Instruct and show "
                           "held-out accuracy before and after",

@@ -58,25 +58,32 @@ class DistillSection:
     alpha: float | None = field(default=None, metadata={"min": 0.0, "max": 1.0})
     # Keep only the teacher's k largest logits (renormalised); None = all. offline needs it.
     top_k: int | None = field(default=None, metadata={"min": 1})
-    # Attention transfer: weight (0 = off), student blocks, and their teacher blocks (empty =
-    # the blocks the student kept, or the same indices).
+    # Weight of attention transfer (squared distance of attention maps); 0 = off.
     attention_weight: float = field(default=0.0, metadata={"min": 0.0})
+    # Student blocks whose attention maps are matched (0-based).
     attention_layers: tuple[int, ...] = field(default=(), metadata={"min": 0})
+    # The teacher block matched to each of attention_layers; empty = the block the student's
+    # block was initialised from (student_layers), or the same index.
     attention_teacher_layers: tuple[int, ...] = field(default=(), metadata={"min": 0})
-    # Feature matching on hidden states: weight (0 = off); student hidden-state indices (0 =
-    # embeddings, l = after block l; empty = the final-normed states) and teacher ones (empty:
-    # mapped through student_layers); pooling and distance. Widths that differ get a learned
+    # Weight of feature matching on hidden states; 0 = off. Widths that differ get a learned
     # linear projection.
     feature_weight: float = field(default=0.0, metadata={"min": 0.0})
+    # Student hidden states matched: 0 = the embeddings, l = the output of block l; empty =
+    # the final-normed states.
     feature_layers: tuple[int, ...] = field(default=(), metadata={"min": 0})
+    # The teacher hidden state matched to each of feature_layers; empty = mapped through
+    # student_layers (the output of the teacher block each student block came from).
     feature_teacher_layers: tuple[int, ...] = field(default=(), metadata={"min": 0})
+    # Pooling before the comparison: masked mean over tokens, the last real token, or none
+    # (every real token).
     feature_pool: str = field(default="mean", metadata={"choices": ("mean", "last", "none")})
+    # Feature distance: l2 (mean squared difference) or cosine (1 - cosine similarity).
     feature_kind: str = field(default="cosine", metadata={"choices": ("l2", "cosine")})
     # on_policy: share of batches whose completions the student samples (GKD's lambda).
     lmbda: float = field(default=0.5, metadata={"min": 0.0, "max": 1.0})
-    # sequence / on_policy generation: new tokens per answer and the sampling temperature
-    # (0 = greedy).
+    # sequence / on_policy generation: new tokens per answer.
     max_new_tokens: int = field(default=64, metadata={"min": 1})
+    # sequence / on_policy generation: sampling temperature (0 = greedy).
     gen_temperature: float = field(default=1.0, metadata={"min": 0.0})
     # A JSON object {"student id": teacher id} for a student whose vocabulary differs from the
     # teacher's but splits text into the same pieces (a pruned or reordered vocabulary);

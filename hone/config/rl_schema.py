@@ -126,18 +126,22 @@ class PPOSection(RolloutKeys):
     kl_target: float | None = field(default=None, metadata={"gt": 0.0})
     # Adaptive controller horizon, in completions.
     kl_horizon: int = field(default=10000, metadata={"min": 1})
-    # Discount and GAE lambda.
+    # Discount of future rewards (and values) in GAE and the returns.
     gamma: float = field(default=1.0, metadata={"min": 0.0, "max": 1.0})
+    # GAE lambda: 1 = discounted return minus the value, 0 = one-step TD error.
     lam: float = field(default=0.95, metadata={"min": 0.0, "max": 1.0})
     # Normalise advantages over the rollout's completion tokens.
     whiten_advantages: bool = True
-    # Policy clipping range, and value clipping range around the rollout's values.
+    # Policy clipping range: the ratio is clipped to [1 - clip_eps, 1 + clip_eps].
     clip_eps: float = field(default=0.2, metadata={"gt": 0.0})
+    # Value clipping range: new values are clipped to within this of the rollout's values.
     value_clip: float = field(default=0.2, metadata={"gt": 0.0})
     # Weight of the value loss in the total loss.
     vf_coef: float = field(default=0.1, metadata={"min": 0.0})
-    # Passes over each rollout, and minibatches (optimizer updates) per pass.
+    # Passes over each rollout.
     epochs: int = field(default=2, metadata={"min": 1})
+    # Minibatches (optimizer updates) per pass; train.batch_size must split into
+    # minibatches x train.grad_accum micro-batches.
     minibatches: int = field(default=1, metadata={"min": 1})
     # The reference: copy of the starting weights, the base with adapters off, an EMA of the
     # policy (updated after every step), or auto (adapters_off with LoRA, else copy).

@@ -21,9 +21,14 @@ demo: $(STAMP)
 	$(PY) -m hone.cli demo
 
 # Two workers: a test spends much of its time compiling (one core), so two overlap well on the
-# 2-core machine the suite is sized for.
+# 2-core machine the suite is sized for. Many tests start training processes that compile the
+# same programs, so the run shares one JAX compilation cache (every program, however quick to
+# compile), created empty and removed afterwards: a cached program is the same executable, so
+# no number changes.
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2
+	@cache=$$(mktemp -d "$${TMPDIR:-/tmp}/hone-test-jax-cache.XXXXXX"); \
+	JAX_COMPILATION_CACHE_DIR=$$cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
+		$(PY) -m pytest -q -n 2; status=$$?; rm -rf "$$cache"; exit $$status
 
 clean:
 	rm -rf .venv

@@ -131,6 +131,10 @@ class CheckpointSection:
     keep: int = field(default=3, metadata={"min": 1})
     # Write checkpoints in the background while training continues.
     async_save: bool = True
+    # After SIGTERM/SIGINT the run saves at the next step boundary and exits; if that has not
+    # happened this many seconds after the signal, it exits at once with the last checkpoint
+    # kept (a second signal does the same). null = wait for the step boundary however long.
+    grace_seconds: float | None = field(default=None, metadata={"min": 0.0})
 
 
 @dataclass(frozen=True)

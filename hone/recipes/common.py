@@ -12,6 +12,7 @@ from flax import nnx
 from hone.config import dump_yaml
 from hone.errors import InputError
 from hone.parallel import Layout, logical_names
+from hone.train.oom import AccumStep
 from hone.train.optimizer import build_optimizer
 from hone.train.state import flatten, new_train_state, split_model
 from hone.train.step import make_eval_step, make_train_step, row_split
@@ -73,9 +74,11 @@ def compile_steps(cfg, model: nnx.Module, trainable, loss_fn, normalizer_fn, *,
     optimizer, schedule = build_optimizer(cfg.train)
     state = new_train_state(flatten(params), optimizer, cfg.train.seed)
     state = layout.place_train_state(state, logical_names(params))
-    step = make_train_step(graphdef, params, loss_fn, normalizer_fn, optimizer, schedule,
-                           accum=cfg.train.grad_accum, precision=cfg.train.precision,
-                           split=split, layout=layout)
+    # Rebuilt with more accumulation when the step runs out of memory (hone.train.oom).
+    step = AccumStep(lambda accum: make_train_step(
+        graphdef, params, loss_fn, normalizer_fn, optimizer, schedule, accum=accum,
+        precision=cfg.train.precision, split=split, layout=layout),
+        cfg.train.grad_accum, cfg.train.batch_size, layout.shards)
     eval_step = make_eval_step(graphdef, params, loss_fn, precision=cfg.train.precision)
     return graphdef, params, frozen, state, step, eval_step
 

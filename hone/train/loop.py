@@ -10,12 +10,18 @@ read where the loop syncs anyway (logged steps, before a save, at the end, on a 
 answered by a rollback to the newest checkpoint with a lower learning rate, logged as a
 `guard/rollback_to` row and on the console. RL runs also check their logged `kl` against
 guard.max_kl.
+
+Also: an out-of-memory step is rebuilt with half the micro-batch and retried (hone.train.oom);
+`checkpoint.grace_seconds` bounds how long a signalled run may take to stop; after a restore,
+the copies of every replicated array must agree bit for bit across devices.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,8 +29,9 @@ from typing import Any, Callable
 
 import jax
 
-from hone.checkpoint import Checkpointer
-from hone.train import guards
+from hone.checkpoint import CheckpointError, Checkpointer
+from hone.parallel.replicas import count_replicated, replica_mismatches
+from hone.train import guards, oom
 from hone.metrics.sinks import make_sinks
 from hone.parallel.profile import StepProfiler
 
@@ -56,11 +63,17 @@ class LoopSpec:
 
 
 class _SignalFlag:
-    """Turn SIGTERM/SIGINT into a flag checked between steps (saved, then stopped)."""
+    """Turn SIGTERM/SIGINT into a flag checked between steps (saved, then stopped).
 
-    def __init__(self):
+    With a grace period, a process that has not stopped `grace` seconds after the signal exits
+    at once (status 1), as does one that gets a second signal: the checkpoints on disk are
+    complete or invisible (atomic commits), so nothing but the unsaved steps is lost."""
+
+    def __init__(self, grace: float | None = None, exit=os._exit):
         self.raised: int | None = None
         self.previous = {}
+        self.grace, self.exit = grace, exit
+        self.timer: threading.Timer | None = None
 
     def __enter__(self):
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -71,9 +84,25 @@ class _SignalFlag:
         return self
 
     def _handle(self, signum, frame):
+        if self.raised is not None:
+            self._expire(f"a second signal ({signum})")
+            return
         self.raised = signum
+        if self.grace is not None:
+            self.timer = threading.Timer(self.grace, self._expire,
+                                         (f"the grace period of {self.grace:g} s",))
+            self.timer.daemon = True
+            self.timer.start()
+
+    def _expire(self, why: str) -> None:
+        print(f"stopping at once after {why}: the step in progress and any unsaved steps "
+              f"are lost; the newest complete checkpoint is kept, run the same command to "
+              f"resume", file=sys.stderr, flush=True)
+        self.exit(1)
 
     def __exit__(self, *exc):
+        if self.timer is not None:
+            self.timer.cancel()
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
 
@@ -105,9 +134,12 @@ def run_loop(spec: LoopSpec, cfg, run_dir: Path) -> dict[str, Any]:
         state = restored.state
         spec.data.set_state(restored.data_state)
         start = latest
+        _check_replicas(state, ckpt, latest)
         if jax.process_index() == 0:
+            copies = count_replicated(state)
+            agree = f", {copies} replicated arrays agree on every device" if copies else ""
             print(f"resumed from step {latest} of {ckpt.directory} "
-                  f"(checkpoint sha256 {restored.checkpoint_hash})", file=sys.stderr)
+                  f"(checkpoint sha256 {restored.checkpoint_hash}{agree})", file=sys.stderr)
     state = guards.configure(state, cfg.guard)  # the limits in force are the config's
     sinks = []
     if jax.process_index() == 0:  # one process writes the logs; every process checkpoints
@@ -122,7 +154,7 @@ def run_loop(spec: LoopSpec, cfg, run_dir: Path) -> dict[str, Any]:
     window_tokens, window_t0 = 0, time.perf_counter()
     profiler = StepProfiler(log.profile_steps, run_dir, train.max_steps)
     try:
-        with _SignalFlag() as flag:
+        with _SignalFlag(ckpt_cfg.grace_seconds) as flag:
             step = start
             while step < train.max_steps:
                 profiler.before(step + 1, state)
@@ -131,8 +163,12 @@ def run_loop(spec: LoopSpec, cfg, run_dir: Path) -> dict[str, Any]:
                 if spec.prepare is not None:
                     batch, host = spec.prepare(state, batch, step)
                     t_update = time.perf_counter()
-                state, metrics = spec.train_step(state, spec.frozen, spec.place_batch(batch),
-                                                 spec.aux)
+                out = _train_step(spec, state, spec.place_batch(batch), step + 1, sinks)
+                if out is None:  # out of memory after the donated state was consumed
+                    state, step = _restore_after_oom(ckpt, like, spec, cfg, step + 1)
+                    last_saved = step
+                    continue
+                state, metrics = out
                 if spec.prepare is not None:
                     jax.block_until_ready(state)
                     host["update_s"] = time.perf_counter() - t_update
@@ -207,3 +243,54 @@ def _roll_back(state, reason: int, step: int, ckpt: Checkpointer, like, spec: Lo
     for sink in sinks:
         sink.write(step, row)
     return new, restored.step
+
+
+def _train_step(spec: LoopSpec, state, batch, step: int, sinks):
+    """spec.train_step on `batch`; on an out-of-memory error the step is rebuilt with half the
+    micro-batch (hone.train.oom) and the batch tried again. None when the failed call had
+    consumed the donated state: the caller then restores the newest checkpoint."""
+    while True:
+        try:
+            return spec.train_step(state, spec.frozen, batch, spec.aux)
+        except Exception as e:  # noqa: BLE001 - anything but an out-of-memory error re-raises
+            if not (oom.is_out_of_memory(e) and isinstance(spec.train_step, oom.AccumStep)):
+                raise
+            spec.train_step = smaller = spec.train_step.doubled(e)
+        if jax.process_index() == 0:
+            print(f"out of memory at step {step}: continuing with {smaller.micro} examples per "
+                  f"device per micro-batch and train.grad_accum = {smaller.accum} (the same "
+                  f"global batch; set train.grad_accum = {smaller.accum} to start there)",
+                  file=sys.stderr)
+        for sink in sinks:
+            sink.write(step, {"oom/grad_accum": smaller.accum, "oom/micro_batch": smaller.micro})
+        if not oom.state_intact(state):
+            return None
+
+
+def _restore_after_oom(ckpt: Checkpointer, like, spec: LoopSpec, cfg, step: int):
+    """(state, step) of the newest checkpoint, its data position restored."""
+    ckpt.wait()
+    restored = ckpt.restore_latest(like)
+    if restored is None:
+        raise oom.OutOfMemory(
+            f"the train step ran out of device memory at step {step}, before the first "
+            f"checkpoint, and the failed call had consumed the train state; run the same "
+            f"command with train.grad_accum = {spec.train_step.accum} to start at the "
+            f"smaller micro-batch", key="train.grad_accum")
+    spec.data.set_state(restored.data_state)
+    if jax.process_index() == 0:
+        print(f"out of memory: the train state was lost with the failed step; continuing "
+              f"from the checkpoint of step {restored.step}", file=sys.stderr)
+    return guards.configure(restored.state, cfg.guard), restored.step
+
+
+def _check_replicas(state, ckpt: Checkpointer, step: int) -> None:
+    """Every copy of a replicated array of the restored state is bit-identical (else stop)."""
+    bad = replica_mismatches(state)
+    if bad:
+        ckpt.close()
+        raise CheckpointError(
+            f"after restoring step {step}, the copies of {len(bad)} replicated arrays differ "
+            f"between devices ({', '.join(bad[:5])}); the devices would train different "
+            f"weights. Check the hardware and the checkpoint files, then resume again",
+            path=str(ckpt.directory))

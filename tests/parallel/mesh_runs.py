@@ -51,12 +51,35 @@ def elastic(root: Path, overrides: list[str]) -> None:
         print(json.dumps(dict(run("sft", target, mesh, keep), name="resumed")), flush=True)
 
 
+def replica_check() -> None:
+    """hone.parallel.replicas on 8 devices: agreeing copies pass, one differing copy is
+    found (an array built from per-device buffers, as a bad restore would leave it)."""
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from hone.parallel.replicas import count_replicated, replica_mismatches
+    mesh = jax.make_mesh((2, 4), ("data", "fsdp"))
+    sharding = NamedSharding(mesh, P("fsdp"))  # 4 shards, each on 2 devices
+    good = jax.device_put(np.arange(8.0, dtype=np.float32), sharding)
+    parts = [np.asarray(s.data) for s in good.addressable_shards]
+    parts[5] = parts[5].copy()
+    parts[5][0] = np.nextafter(parts[5][0], np.float32(1e9))  # one ulp off on one device
+    bad = jax.make_array_from_single_device_arrays(
+        (8,), sharding, [jax.device_put(p, s.device) for p, s in
+                         zip(parts, good.addressable_shards)])
+    tree = {"good": good, "bad": bad, "one": jax.device_put(np.ones(3), jax.devices()[0])}
+    print(json.dumps({"name": "replicas", "mismatches": replica_mismatches(tree),
+                      "replicated": count_replicated(tree)}), flush=True)
+
+
 def main(argv: list[str]) -> None:
     overrides = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
     algo, root, meshes = argv[0], Path(argv[1]), argv[2:]
     if algo == "elastic":
         elastic(root, overrides)
+        replica_check()
         return
     for mesh in meshes:
         out = run(algo, root / f"{algo}-{mesh.replace(',', '-')}", mesh, overrides)

@@ -51,3 +51,26 @@ def test_export_of_a_full_run_refuses_peft(tmp_path, capsys):
     assert main(["export", "--run", str(run), "--out", str(tmp_path / "a"),
                  "--format", "peft"]) == 2
     assert "rank > 0" in capsys.readouterr().err
+
+
+def test_export_replaces_only_an_earlier_export(tmp_path):
+    """An export replaces its folder whole, so it must never take a folder of other things
+    (`--out ~`) with it: such a target is refused before anything is written."""
+    import pytest
+
+    from hone.errors import InputError
+    model = hone.load_model("tiny")
+    out = hone.save_hf(model, tmp_path / "export")
+    hone.save_hf(model, out)  # an earlier export: replaced
+    assert (out / "config.json").exists()
+    home = tmp_path / "home"
+    (home / "projects").mkdir(parents=True)
+    (home / "notes.py").write_text("keep me")
+    for target in (home, home / "notes.py"):
+        with pytest.raises(InputError, match=str(target)):
+            hone.save_hf(model, target)
+    assert (home / "notes.py").read_text() == "keep me" and (home / "projects").is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export", "home"]  # no temp left
+    (home / "projects").rmdir()
+    with pytest.raises(InputError, match="notes.py"):
+        hone.save_hf(model, home)

@@ -131,3 +131,40 @@ def test_stopped_run_replays_the_same_decisions(tmp_path, monkeypatch, stop_at, 
     sft.run_sft(config(stopped, *SPIKES), log=lambda s: None)
     # As text: NaN losses compare unequal as floats.
     assert list(map(json.dumps, rows(stopped))) == list(map(json.dumps, rows(straight[0])))
+
+
+def test_kl_overshoot_rolls_back_an_rl_run(tmp_path, monkeypatch):
+    """GRPO with guard.max_kl: a logged KL above it (injected into step 5's metrics) rolls the
+    run back to the step-4 checkpoint with the learning rate times 0.8, and it ends healthy."""
+    import hone.recipes.grpo as grpo
+    from hone.config import GRPOConfig
+    real_loop = grpo.run_loop
+
+    def run_loop(spec, cfg, run_dir):
+        step = spec.train_step
+
+        def overshooting(state, frozen, batch, aux=None):
+            at = (int(state["step"]) + 1, int(state["guard"]["rollbacks"]))
+            state, metrics = step(state, frozen, batch, aux)
+            if at == (5, 0):
+                metrics = dict(metrics, kl_sum=metrics["tokens"] * 1e3)
+            return state, metrics
+
+        spec.train_step = overshooting
+        return real_loop(spec, cfg, run_dir)
+
+    monkeypatch.setattr(grpo, "run_loop", run_loop)
+    cfg = load_config(GRPOConfig, str(ROOT / "configs/tiny/grpo.yaml"), [
+        f"run_dir={tmp_path}", "log.sinks=[jsonl]", "train.max_steps=7", "train.batch_size=8",
+        "checkpoint.every_steps=2", "checkpoint.async_save=false", "data.eval_path=null",
+        "guard.max_kl=10"])
+    _, state, _ = grpo.run_grpo(cfg, log=lambda s: None)
+    got = rows(tmp_path)
+    backs = [(r["step"], r["guard/rollback_to"], r["guard/tripped"]) for r in got
+             if "guard/rollback_to" in r]
+    assert backs == [(5, 4, 4)]  # KL_TRIP
+    logged = [r for r in got if "loss" in r]
+    assert [r["step"] for r in logged] == [1, 2, 3, 4, 5, 5, 6, 7]
+    assert all(r["kl"] < 10 for r in logged if r is not logged[4])
+    assert logged[-1]["guard/lr_scale"] == pytest.approx(0.8)
+    assert int(state["step"]) == 7 and finite(state)

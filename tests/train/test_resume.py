@@ -21,8 +21,7 @@ BASE = ["train.max_steps=300", "checkpoint.every_steps=25", "log.sinks=[jsonl]",
         "checkpoint.keep=5"]
 # Each variant costs three processes (~40 s), so each one covers several paths: adapters and
 # DPO's cached reference together; DPO's in-step reference is covered by the recipe tests.
-VARIANTS = {
-    "padded": [],
+VARIANTS = {  # plain SFT, DPO and GRPO: tests/train/test_fault_script.py
     "packed": ["data.pack=true"],
     "dpo-precomputed-lora": ["dpo", "dpo.reference=precomputed", "model.lora.rank=4"],
     "reward": ["reward"],

@@ -89,11 +89,29 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_pipeline(args) -> int:
+    """Stages of training commands in order, each from an earlier stage's exported model."""
+    from hone.pipeline import run_pipeline
+    from hone.train.loop import Interrupted
+    try:
+        run_pipeline(args.config, args.overrides)
+    except Interrupted as e:
+        print(f"hone pipeline: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_export(args) -> int:
     from hone.recipes.export import export_run
     out = export_run(args.run, args.out, args.format)
     print(f"exported {args.run} -> {out} ({args.format})")
     return 0
+
+
+def cmd_eval(args) -> int:
+    """perplexity, accuracy, pairs, compare: see hone/eval/commands.py."""
+    from hone.eval.commands import run_eval
+    return run_eval(args)
 
 
 def cmd_report(args) -> int:
@@ -178,6 +196,27 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("run", help="the run folder (run_dir of the config)")
     rep.add_argument("--out", default=None, help="the folder to write (default RUN/report)")
     rep.set_defaults(func=cmd_report)
+
+    from hone.eval.commands import add_eval_parser
+    add_eval_parser(sub).set_defaults(func=cmd_eval)  # hone eval perplexity|accuracy|pairs|compare
+
+    pipe = sub.add_parser("pipeline", help="training stages in order (e.g. sft -> reward -> "
+                          "ppo), each from an earlier stage's model; resumable",
+                          description="Run the stages of a pipeline file in order: each is a "
+                          "training command\nwith its own config, started from the model an "
+                          "earlier stage exported\n(<run_dir>/<stage>/export). Running the same "
+                          "command again skips finished\nstages and resumes the interrupted one "
+                          "from its newest checkpoint.\n\nexamples:\n"
+                          "  hone pipeline --config configs/tiny/pipeline.yaml\n"
+                          "  hone pipeline --config configs/tiny/pipeline_dpo.yaml "
+                          "run_dir=runs/my-pipeline\n"
+                          "  hone pipeline --config configs/tiny/pipeline.yaml "
+                          "ppo.train.max_steps=20   # STAGE.key=value",
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    pipe.add_argument("--config", required=True, help="a pipeline YAML file (run_dir:, stages:)")
+    pipe.add_argument("overrides", nargs="*", metavar="key=value",
+                      help="run_dir=FOLDER, or STAGE.section.key=value for one stage")
+    pipe.set_defaults(func=cmd_pipeline)
 
     demo = sub.add_parser("demo", help="fine-tune the shipped SmolLM2-135M-Instruct and show "
                           "held-out accuracy before and after",

@@ -195,7 +195,8 @@ class GuardSection:
     warmup_steps: int = field(default=20, metadata={"min": 0})
     # Roll back when the gradient norm (before clipping) exceeds this; None = off.
     max_grad_norm: float | None = field(default=None, metadata={"gt": 0.0})
-    # RL only: roll back when the logged `kl` metric exceeds this; None = off.
+    # RL only: roll back when the logged KL to the reference exceeds this (GRPO's per-token
+    # `kl`, PPO's per-sequence `kl_seq`); None = off.
     max_kl: float | None = field(default=None, metadata={"gt": 0.0})
     # Each rollback multiplies the learning rate by this (the scale is checkpointed).
     lr_factor: float = field(default=0.8, metadata={"gt": 0.0, "max": 1.0})

@@ -129,8 +129,9 @@ def tripped(state: dict[str, Any]) -> int:
 
 
 def kl_overshoot(section: GuardSection, metrics_row: dict) -> bool:
-    """Host-side KL guard over a logged row (no `kl` in it: nothing to check)."""
-    kl = metrics_row.get("kl")
+    """Host-side KL guard over a logged row: GRPO's per-token `kl`, else PPO's per-sequence
+    `kl_seq` (neither in it: nothing to check)."""
+    kl = metrics_row.get("kl", metrics_row.get("kl_seq"))
     return section.max_kl is not None and kl is not None and float(kl) > section.max_kl
 
 

@@ -116,7 +116,7 @@ class Tokenizer:
                              "chat_template.jinja to its folder", path=self.source, key="chat_template")
         specials = {k: v for k, v in self._tokens.items() if v is not None}
         return render_chat(self._chat_template, messages, add_generation_prompt=add_generation_prompt,
-                           special_tokens=specials, **extra)
+                           special_tokens=specials, origin=self.source, **extra)
 
     # ---- saving ------------------------------------------------------------------------------------
 

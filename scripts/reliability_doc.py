@@ -40,7 +40,9 @@ PROMISES = [
     ("Data files, configs, chat templates, safetensors and GGUF files that are malformed or "
      "lie about their sizes give a one-paragraph error naming the file (hypothesis fuzzing, "
      "2,000 cases per reader); nothing is unpickled and YAML is loaded safely.", "tests/fuzz/"),
-    ("Exports write only inside the chosen folder.", "tests/recipes/test_export.py"),
+    ("Exports write only inside the chosen folder, appear whole or not at all, and replace a "
+     "folder only when it holds nothing but an earlier export (`--out ~` is refused).",
+     "tests/recipes/test_export.py"),
     ("Reward functions run with a timeout; a reward that raises or hangs scores as an event, "
      "not a crash.", "tests/rl/test_rewards.py"),
 ]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import itertools
 import math
 import operator
 import types
@@ -95,17 +96,34 @@ def _describe(tp: Any) -> str:
     return text + (" or null" if optional else "")
 
 
-def show(value: Any) -> str:
-    """A value as the user wrote it in YAML terms."""
+# How much of a value an error message shows. YAML aliases make values that are small in the
+# file huge once read (a "billion laughs" list expands to 9**9 items) or infinite (`&a [*a]`).
+_SHOW_ITEMS, _SHOW_DEPTH, _SHOW_CHARS = 8, 3, 200
+
+
+def show(value: Any, _depth: int = 0) -> str:
+    """A value as the user wrote it in YAML terms, cut short (a few items, levels, characters)."""
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, Mapping):
-        return "a section (" + ", ".join(f"{k}: ..." for k in value) + ")"
+        keys = [k if isinstance(k, str) else show(k, _SHOW_DEPTH) for k in
+                itertools.islice(value, _SHOW_ITEMS)]
+        more = ", ..." if len(value) > _SHOW_ITEMS else ""
+        return _cut("a section (" + ", ".join(f"{k}: ..." for k in keys) + more + ")")
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(show(v) for v in value) + "]"
-    return repr(value)
+        if _depth >= _SHOW_DEPTH:
+            return "[...]"
+        items = [show(v, _depth + 1) for v in value[:_SHOW_ITEMS]]
+        return _cut("[" + ", ".join(items + ["..."] * (len(value) > _SHOW_ITEMS)) + "]")
+    if isinstance(value, int) and value.bit_length() > 256:  # repr fails past 4,300 digits
+        return f"an integer of about {int(value.bit_length() * math.log10(2))} digits"
+    return _cut(repr(value))
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= _SHOW_CHARS else text[:_SHOW_CHARS - 3] + "..."
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,9 +148,13 @@ def convert(tp: Any, value: Any) -> Any:
             return value
     elif inner is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not math.isfinite(value):
-                raise Problem(f"expected a finite number, got {value!r}")
-            return float(value)
+            try:
+                number = float(value)
+            except OverflowError:  # an integer beyond float's range
+                number = math.inf
+            if not math.isfinite(number):
+                raise Problem(f"expected a finite number, got {show(value)}")
+            return number
     elif inner is str:
         if isinstance(value, str):
             return value

@@ -110,8 +110,8 @@ def _build(root: type, cls: type, raw: Mapping, prefix: str, origins: _Origins) 
     fields = fields_of(cls)
     for name in raw:
         if name not in fields:
-            key = prefix + str(name)
-            raise origins.error(unknown_key(root, cls, prefix, str(name)), key)
+            name = name if isinstance(name, str) else show(name)  # str() fails on huge ints
+            raise origins.error(unknown_key(root, cls, prefix, name), prefix + name)
     kwargs = {}
     for name, (f, tp) in fields.items():
         if name not in raw:

@@ -10,6 +10,11 @@ dataclasses, `hone.config.loader` builds them). Design choices:
   silent last-one-wins.
 - The dump quotes every string that YAML 1.1 or 1.2 would read as something else, so the file loads
   back equal both here and in any other YAML reader.
+- Hostile text fails as `yaml.YAMLError` (so as an InputError naming the file, line and column):
+  an explicit tag on text that does not fit it (`!!int x`, `!!float ''`, on which PyYAML's own
+  constructors raise ValueError, IndexError or KeyError), an integer of over 1,000 digits, and
+  nesting deeper than Python's recursion limit. Tags that build Python objects
+  (`!!python/object/apply:...`) are unknown to a SafeLoader and refused.
 """
 
 from __future__ import annotations
@@ -76,9 +81,24 @@ class _Loader(yaml.SafeLoader):
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
+    def construct_object(self, node, deep=False):
+        try:
+            return super().construct_object(node, deep=deep)
+        except (ValueError, TypeError, KeyError, IndexError, OverflowError) as e:
+            text = f" {node.value!r}"[:60] if isinstance(node, yaml.ScalarNode) else ""
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read{text} as {node.tag} ({type(e).__name__}: {e})"[:300],
+                node.start_mark) from None
+
+
+_MAX_INT_DIGITS = 1000  # far beyond any config value; Python refuses to parse 4,300 or more
+
 
 def _construct_int(loader, node) -> int:
     text = loader.construct_scalar(node)
+    if len(text) > _MAX_INT_DIGITS:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"an integer of {len(text)} digits is not a config value", node.start_mark)
     if text.startswith(("0o", "0x")):
         return int(text[2:], 8 if text[1] == "o" else 16)
     return int(text, 10)  # "012" is twelve, as YAML 1.2 says
@@ -101,7 +121,10 @@ _Dumper.add_representer(
 
 def parse_yaml(text: str) -> Any:
     """YAML text -> Python data under the rules above; raises yaml.YAMLError."""
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 -- _Loader is a SafeLoader subclass
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 -- _Loader is a SafeLoader subclass
+    except RecursionError:  # PyYAML's parser and constructor recurse once per nesting level
+        raise yaml.YAMLError("the YAML nests too deeply") from None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from hone.chat_template import ChatTemplateError
 from hone.errors import InputError
 from hone.sampling.generate import encode_prompt
 
@@ -281,8 +282,11 @@ class Where:
     def render(self, tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
         try:
             return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
-        except InputError:
+        except ChatTemplateError as err:  # the template's own raise_exception / Jinja errors
+            raise self.error("messages", f"the chat template rejects this conversation "
+                                         f"({err.detail})") from err
+        except InputError:  # the tokenizer's (no chat template): it names its own source
             raise
-        except Exception as err:  # the template's own raise_exception / Jinja errors
+        except Exception as err:  # a tokenizer whose apply_chat_template is not hone's
             raise self.error("messages", f"the chat template rejects this conversation "
                                          f"({err})") from err

@@ -16,12 +16,16 @@ Accepted paths (the first that applies wins):
 
 `max_records` keeps the first N records (and stops reading there where the format allows it).
 Anything else (unknown suffix, missing file, unreadable content) is an `InputError` naming the
-path, so bad input stops at the edge instead of deep inside a training step.
+path, so bad input stops at the edge instead of deep inside a training step. That includes JSON
+that parses but is not text (a lone UTF-16 surrogate escape such as "\\ud800", which no tokenizer
+can encode), Arrow values Python cannot hold (a date past year 9999), and a `datasets` folder
+whose state.json names files outside the folder.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -108,6 +112,8 @@ def _iter_jsonl(file: Path) -> Iterator[dict]:
             if not isinstance(record, dict):
                 raise InputError(f"line {line_no}: expected a JSON object ({{...}}), got "
                                  f"{_json_kind(record)}", path=path)
+            if b"\\u" in raw and _SURROGATE_ESCAPE.search(line):
+                _check_text(record, path, f"line {line_no}")
             yield record
 
 
@@ -125,22 +131,59 @@ def _read_jsonl(file: Path, max_records: int | None) -> list[dict]:
 def _read_json(file: Path, max_records: int | None) -> list[dict]:
     path = str(file)
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
+        text = file.read_text(encoding="utf-8")
+        data = json.loads(text)
     except (ValueError, RecursionError) as err:  # JSONDecodeError and UnicodeDecodeError too
         raise InputError(f"not valid JSON ({err})", path=path) from err
     if not isinstance(data, list):
         raise InputError(f"expected a JSON list of objects, got {_json_kind(data)}; for one "
                          "object per line use a .jsonl file", path=path)
+    check = _SURROGATE_ESCAPE.search(text) is not None
     for index, record in enumerate(data):
         if not isinstance(record, dict):
             raise InputError(f"record {index}: expected a JSON object, got {_json_kind(record)}",
                              path=path)
+        if check:
+            _check_text(record, path, f"record {index}")
     return data
 
 
 def _json_kind(value: Any) -> str:
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
             type(None): "null"}.get(type(value), "a number")
+
+
+# A \u escape of a UTF-16 surrogate. A pair of them is one character and fine; one alone parses
+# into a str that cannot be encoded as UTF-8, so records are only walked when the text has one.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _check_text(record: dict, path: str, where: str) -> None:
+    """InputError naming the field of `record` whose string (or key) holds a lone surrogate."""
+    stack: list[tuple[Any, str]] = [(record, "")]
+    while stack:
+        value, field = stack.pop()
+        place = None
+        if isinstance(value, str) and not _encodable(value):
+            place = repr(field)
+        elif isinstance(value, dict):
+            if not all(_encodable(k) for k in value):
+                place = f"a key of {field!r}" if field else "a key"
+            stack += [(v, f"{field}.{k}" if field else k) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [(v, f"{field}[{i}]") for i, v in enumerate(value)]
+        if place is not None:
+            raise InputError(f"{where}: a lone UTF-16 surrogate escape (such as \\ud800) in "
+                             f"{place} is not text; write the character itself or a full "
+                             "surrogate pair", path=path)
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 # ---- Arrow: Parquet and `datasets` folders --------------------------------------------------
@@ -162,18 +205,36 @@ def _read_parquet(file: Path, max_records: int | None) -> list[dict]:
         parquet = pa.parquet.ParquetFile(str(file))
         records: list[dict] = []
         for batch in parquet.iter_batches():
-            records.extend(batch.to_pylist())
+            records.extend(_rows(batch, str(file), "row"))
             if max_records is not None and len(records) >= max_records:
                 break
-    except (pa.ArrowException, OSError) as err:
+    except InputError:
+        raise
+    except (pa.ArrowException, OSError, ValueError) as err:  # ValueError: names not UTF-8
         raise InputError(f"not a readable Parquet file ({err})", path=str(file)) from err
     return records
+
+
+def _rows(batch, path: str, what: str) -> list[dict]:
+    """A record batch as dicts; a value Python cannot hold is an InputError, not a crash."""
+    # Arrow trusts the offsets and lengths a file claims (an IPC stream is mapped, not parsed),
+    # and converting a batch whose buffers lie reads out of bounds or allocates without limit.
+    # Full validation checks every claim against the buffers first (ArrowInvalid otherwise).
+    batch.validate(full=True)
+    try:
+        return batch.to_pylist()
+    except (OverflowError, ValueError) as err:  # e.g. a date past datetime's year 9999
+        if isinstance(err, _pyarrow().ArrowException):
+            raise  # corrupt data: the caller's "not readable" message
+        raise InputError(f"cannot turn a {what} into Python values ({err})", path=path) from err
 
 
 def _read_saved_dataset(folder: Path, split: str | None, path: str,
                         max_records: int | None) -> list[dict]:
     if (folder / "dataset_dict.json").is_file():
         splits = _load_json_file(folder / "dataset_dict.json", path).get("splits", [])
+        if not isinstance(splits, list) or not all(isinstance(s, str) for s in splits):
+            raise InputError("dataset_dict.json has no 'splits' list of split names", path=path)
         split = split or "train"
         if split not in splits:
             raise InputError(f"this DatasetDict has no split {split!r} (splits: "
@@ -189,6 +250,12 @@ def _read_saved_dataset(folder: Path, split: str | None, path: str,
     files = _load_json_file(state_file, path).get("_data_files")
     if not isinstance(files, list) or not all(isinstance(f, dict) and "filename" in f for f in files):
         raise InputError("state.json has no '_data_files' list of {filename: ...}", path=path)
+    for entry in files:  # `datasets` writes plain names of files in the folder, nothing else
+        name = entry["filename"]
+        if not (isinstance(name, str) and name not in ("", ".", "..") and Path(name).name == name
+                and _encodable(name)):
+            raise InputError(f"state.json lists the data file {name!r}; expected the name of a "
+                             "file in this folder", path=path)
     pa = _pyarrow()
     records: list[dict] = []
     for entry in files:
@@ -196,10 +263,12 @@ def _read_saved_dataset(folder: Path, split: str | None, path: str,
         try:
             with pa.memory_map(str(arrow_file)) as source:
                 for batch in pa.ipc.open_stream(source):
-                    records.extend(batch.to_pylist())
+                    records.extend(_rows(batch, path, f"record of {entry['filename']}"))
                     if max_records is not None and len(records) >= max_records:
                         return records
-        except (pa.ArrowException, OSError) as err:
+        except InputError:
+            raise
+        except (pa.ArrowException, OSError, ValueError) as err:  # ValueError: names not UTF-8
             raise InputError(f"cannot read the Arrow file {entry['filename']} ({err})",
                              path=path) from err
     return records

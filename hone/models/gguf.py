@@ -280,7 +280,7 @@ def _convert(file: GGUFFile, dtype: np.dtype) -> tuple[dict[str, Any], dict[str,
         raise InputError("big-endian GGUF files are not supported; convert the model again on "
                          "a little-endian machine", path=str(path))
     arch = meta.get("general.architecture")
-    if arch not in ("llama", "gemma3"):
+    if not isinstance(arch, str) or arch not in ("llama", "gemma3"):  # (an array compares per item)
         raise InputError(f"architecture {arch!r} is not supported; this reader knows 'llama' "
                          f"(Llama, SmolLM2) and 'gemma3'", path=str(path),
                          key="general.architecture")

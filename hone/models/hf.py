@@ -2,6 +2,10 @@
 
 Reading is memory-mapped through `safetensors.safe_open`: a tensor is touched only when the
 model asks for it, and a truncated or corrupt file is reported by name before any JAX work.
+The safetensors library checks every header claim (offsets, shapes times dtype sizes) against
+the file size, so a header that lies fails on opening, before anything is allocated. What it
+lets through is checked here: an index may only name shard files inside the folder (never
+`../x` or `/dev/...`), and a tensor must have a dtype numpy can hold as model weights.
 Writing goes to a temporary sibling folder that replaces the target only when complete, so a
 failed export never leaves a half-written model behind.
 """
@@ -24,6 +28,10 @@ from hone.models.weights import build_model, hf_tensors
 
 _INDEX = "model.safetensors.index.json"
 _SINGLE = "model.safetensors"
+# Safetensors dtypes that become numpy arrays usable as weights. The others (F8_*, F6_*, F4,
+# complex C64) have no numpy type, or no meaning as a weight, and are refused by name.
+_READABLE_DTYPES = frozenset({"F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U64",
+                              "U32", "U16", "U8", "BOOL"})
 
 
 def read_json(path: Path) -> dict:
@@ -32,7 +40,9 @@ def read_json(path: Path) -> dict:
             value = json.load(f)
     except FileNotFoundError:
         raise InputError("file not found", path=str(path)) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except OSError as e:  # a folder, no permission
+        raise InputError(f"cannot read the file ({e.strerror or e})", path=str(path)) from None
+    except (ValueError, RecursionError) as e:  # bad JSON or UTF-8, a 5000-digit integer, nesting
         raise InputError(f"not valid JSON ({e})", path=str(path)) from None
     if not isinstance(value, dict):
         raise InputError("expected a JSON object", path=str(path))
@@ -51,6 +61,11 @@ class SafetensorsFolder:
             weight_map = read_json(index).get("weight_map")
             if not isinstance(weight_map, dict):
                 raise InputError("missing 'weight_map'", path=str(index), key="weight_map")
+            for name, f in weight_map.items():
+                if not (isinstance(f, str) and f not in ("", ".", "..") and Path(f).name == f):
+                    raise InputError(f"tensor {name!r} is mapped to {f!r}; expected the name "
+                                     "of a shard file in this folder", path=str(index),
+                                     key="weight_map")
             self.file_of = {name: folder / f for name, f in weight_map.items()}
         elif (folder / _SINGLE).exists():
             self.file_of = None  # filled from the header below
@@ -84,6 +99,7 @@ class SafetensorsFolder:
         return str(self.file_of.get(name, self.default))
 
     def get(self, name: str) -> np.ndarray:
+        self.get_slice(name)  # checks the dtype
         try:
             return self.handles[self.file_of[name]].get_tensor(name)
         except (SafetensorError, OSError, ValueError) as e:
@@ -93,10 +109,16 @@ class SafetensorsFolder:
         """A lazy view of one tensor: `.get_shape()`, and `[slices]` reads only that block
         (what sharded loading uses, hone/models/sharded_load.py)."""
         try:
-            return self.handles[self.file_of[name]].get_slice(name)
+            view = self.handles[self.file_of[name]].get_slice(name)
+            dtype = view.get_dtype()
         except (SafetensorError, OSError, ValueError) as e:
             raise InputError(f"tensor {name!r} cannot be read ({e})",
                              path=self.where(name)) from None
+        if dtype not in _READABLE_DTYPES:
+            raise InputError(f"tensor {name!r} has dtype {dtype}, which hone cannot read as "
+                             f"weights (readable: {', '.join(sorted(_READABLE_DTYPES))})",
+                             path=self.where(name))
+        return view
 
 
 def load_hf(folder: str | Path, dtype=jnp.float32, *, layout=None) -> Transformer:

@@ -10,6 +10,7 @@ the key's name rather than silently approximated.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from hone.errors import InputError
@@ -22,62 +23,88 @@ _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
 _GEMMAS = ("gemma", "gemma2", "gemma3_text")
 
 
-class _Reader:
-    """Typed access to config keys; every problem names the file and the key."""
+# A corrupt layer count must not build per-layer tables of billions of entries; this is far
+# above any model of these families (Llama 3.1 405B has 126 layers).
+_MAX_LAYERS = 1 << 16
 
-    def __init__(self, d: dict, path: str):
-        self.d, self.path = d, path
+
+class _Reader:
+    """Typed access to config keys; every problem names the file and the (dotted) key."""
+
+    def __init__(self, d: dict, path: str, prefix: str = ""):
+        self.d, self.path, self.prefix = d, path, prefix
+
+    def error(self, message: str, key: str) -> InputError:
+        return InputError(message, path=self.path, key=self.prefix + key)
 
     def get(self, key: str, kind: type, default: Any = ...) -> Any:
         if key not in self.d or self.d[key] is None:
             if default is ...:
-                raise InputError("missing required key", path=self.path, key=key)
+                raise self.error("missing required key", key)
             return default
         value = self.d[key]
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
+            value = float(value) if abs(value) < 2**1000 else math.inf  # float() would overflow
         if kind is int and isinstance(value, float) and value.is_integer():
             value = int(value)
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise InputError(f"expected {kind.__name__}, got {value!r}", path=self.path, key=key)
+            raise self.error(f"expected {kind.__name__}, got {_show(value)}", key)
+        if kind is float and not math.isfinite(value):
+            raise self.error(f"expected a finite number, got {value!r}", key)
         if kind in (int, float) and value <= 0 and key not in ("pad_token_id", "bos_token_id",
                                                               "eos_token_id"):
-            raise InputError(f"must be positive, got {value!r}", path=self.path, key=key)
+            raise self.error(f"must be positive, got {value!r}", key)
         return value
 
+    def section(self, key: str) -> _Reader | None:
+        """The object under `key` as a reader of its own (None when absent or null)."""
+        value = self.d.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise self.error(f"expected an object, got {_show(value)}", key)
+        return _Reader(value, self.path, f"{self.prefix}{key}.")
 
-def _rope_scaling(params: dict | None, path: str, key: str) -> RopeScaling | None:
-    if not params:
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _rope_scaling(r: _Reader | None) -> RopeScaling | None:
+    if r is None or not r.d:
         return None
-    kind = params.get("rope_type", params.get("type", "default"))
+    kind = r.d.get("rope_type", r.d.get("type", "default"))
     if kind == "default":
         return None
     if kind == "linear":
-        return RopeScaling("linear", factor=float(params["factor"]))
+        return RopeScaling("linear", factor=r.get("factor", float))
     if kind == "llama3":
-        try:
-            return RopeScaling("llama3", float(params["factor"]), float(params["low_freq_factor"]),
-                               float(params["high_freq_factor"]),
-                               int(params["original_max_position_embeddings"]))
-        except KeyError as e:
-            raise InputError(f"llama3 rope scaling lacks {e.args[0]!r}", path=path, key=key)
-    raise InputError(f"rope type {kind!r} is not supported; supported: default, linear, llama3",
-                     path=path, key=key)
+        low, high = r.get("low_freq_factor", float), r.get("high_freq_factor", float)
+        if high <= low:  # the band between them is interpolated over high - low
+            raise r.error(f"must be greater than low_freq_factor {low}, got {high}",
+                          "high_freq_factor")
+        return RopeScaling("llama3", r.get("factor", float), low, high,
+                           r.get("original_max_position_embeddings", int))
+    raise InputError(f"rope type {_show(kind)} is not supported; supported: default, linear, "
+                     "llama3", path=r.path, key=r.prefix[:-1])
 
 
 def _rope(r: _Reader, family: str) -> tuple[float, float | None, RopeScaling | None]:
     """(global theta, local theta, global scaling) from either config generation."""
-    params = r.d.get("rope_parameters")
-    if isinstance(params, dict) and "full_attention" in params:  # v5 Gemma 3: per layer type
-        full, local = params["full_attention"], params.get("sliding_attention", {})
-        return (float(full.get("rope_theta", 1e6)), float(local.get("rope_theta", 1e4)),
-                _rope_scaling(full, r.path, "rope_parameters.full_attention"))
-    if isinstance(params, dict) and params:
-        theta = float(params.get("rope_theta", r.get("rope_theta", float, 10000.0)))
-        scaling = _rope_scaling(params, r.path, "rope_parameters")
+    params = r.section("rope_parameters")
+    if params is not None and "full_attention" in params.d:  # v5 Gemma 3: per layer type
+        empty = _Reader({}, r.path)
+        full = params.section("full_attention") or empty
+        local = params.section("sliding_attention") or empty
+        return (full.get("rope_theta", float, 1e6), local.get("rope_theta", float, 1e4),
+                _rope_scaling(full))
+    if params is not None and params.d:
+        theta = params.get("rope_theta", float, r.get("rope_theta", float, 10000.0))
+        scaling = _rope_scaling(params)
     else:
         theta = r.get("rope_theta", float, 1e6 if family == "gemma3_text" else 10000.0)
-        scaling = _rope_scaling(r.d.get("rope_scaling"), r.path, "rope_scaling")
+        scaling = _rope_scaling(r.section("rope_scaling"))
     local = r.get("rope_local_base_freq", float, 1e4) if family == "gemma3_text" else None
     return theta, local, scaling
 
@@ -88,9 +115,10 @@ def _layer_types(r: _Reader, family: str, num_layers: int) -> tuple[str, ...]:
     if family in ("qwen2", "qwen3") and not r.d.get("use_sliding_window", False):
         return ("global",) * num_layers
     if listed is not None:
-        if len(listed) != num_layers or any(t not in names for t in listed):
-            raise InputError(f"expected {num_layers} entries of {sorted(names)}, got {listed!r}",
-                             path=r.path, key="layer_types")
+        if (not isinstance(listed, list) or len(listed) != num_layers
+                or any(not isinstance(t, str) or t not in names for t in listed)):
+            raise r.error(f"expected {num_layers} entries of {sorted(names)}, got "
+                          f"{_show(listed)}", "layer_types")
         return tuple(names[t] for t in listed)
     if family == "gemma2":
         return tuple("sliding" if (i + 1) % 2 else "global" for i in range(num_layers))
@@ -105,14 +133,19 @@ def _layer_types(r: _Reader, family: str, num_layers: int) -> tuple[str, ...]:
 
 def config_from_hf(d: dict, path: str = "config.json") -> ModelConfig:
     """A ModelConfig from a parsed Hugging Face config.json (path is only for messages)."""
+    if not isinstance(d, dict):
+        raise InputError(f"expected a JSON object, got {_show(d)}", path=path)
     family = d.get("model_type")
     if family not in FAMILIES:
-        raise InputError(f"model_type {family!r} is not supported; supported: "
+        raise InputError(f"model_type {_show(family)} is not supported; supported: "
                          f"{', '.join(FAMILIES)}", path=path, key="model_type")
     r = _Reader(d, path)
     hidden = r.get("hidden_size", int)
     heads = r.get("num_attention_heads", int)
     layers = r.get("num_hidden_layers", int)
+    if layers > _MAX_LAYERS:
+        raise r.error(f"{layers} layers is not a real model (at most {_MAX_LAYERS})",
+                      "num_hidden_layers")
     if family == "llama" and (d.get("attention_bias") or d.get("mlp_bias")):
         raise InputError("llama with attention_bias/mlp_bias is not supported", path=path,
                          key="attention_bias")
@@ -123,14 +156,14 @@ def config_from_hf(d: dict, path: str = "config.json") -> ModelConfig:
         act = d.get("hidden_act", "silu")
     activations = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
                    "gelu_tanh": "gelu_tanh"}
-    if act not in activations:
-        raise InputError(f"activation {act!r} is not supported; supported: "
+    if not isinstance(act, str) or act not in activations:
+        raise InputError(f"activation {_show(act)} is not supported; supported: "
                          f"{', '.join(activations)}", path=path,
                          key="hidden_activation" if gemma else "hidden_act")
     theta, local_theta, scaling = _rope(r, family)
     types = _layer_types(r, family, layers)
     sliding = "sliding" in types
-    return ModelConfig(
+    fields = dict(
         family=family,
         vocab_size=r.get("vocab_size", int),
         hidden_size=hidden,
@@ -158,6 +191,12 @@ def config_from_hf(d: dict, path: str = "config.json") -> ModelConfig:
         sliding_window=r.get("sliding_window", int) if sliding else None,
         layer_types=types,
     )
+    try:
+        return ModelConfig(**fields)
+    except InputError as e:  # a rule between fields (heads vs KV heads): add the file
+        if e.path is not None:
+            raise
+        raise InputError(str(e).removeprefix(f"'{e.key}': "), path=path, key=e.key) from None
 
 
 def _scaling_dict(s: RopeScaling | None, theta: float) -> dict:

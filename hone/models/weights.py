@@ -119,16 +119,18 @@ def build_model(cfg: ModelConfig, source: TensorSource, dtype=jnp.float32,
     The model is first built abstractly (jax.eval_shape), so no random weights are allocated;
     each tensor is checked against the shape the config implies before anything is converted.
     """
-    abstract = nnx.eval_shape(lambda: Transformer(cfg, dtype=dtype, rngs=nnx.Rngs(0)))
-    graphdef, state = nnx.split(abstract)
     table = hf_name_table(cfg)
     available = source.names()
-    flat = nnx.to_flat_state(state)
-    missing = [table[path][0] for path, _ in flat if table[path][0] not in available]
+    # Names are checked before the abstract model is built, so a config that claims thousands
+    # of layers against a file of a few tensors fails at once instead of after building them.
+    missing = sorted(name for name, _ in table.values() if name not in available)
     if missing:
         origin = source.where(missing[0])
         raise InputError(f"tensor {missing[0]!r} is missing ({len(missing)} missing in all)",
                          path=origin)
+    abstract = nnx.eval_shape(lambda: Transformer(cfg, dtype=dtype, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    flat = nnx.to_flat_state(state)
     convert = convert or (lambda a: jnp.asarray(a, dtype=dtype))
     leaves = []
     for path, var in flat:

@@ -60,5 +60,8 @@ def run_demo(*, steps: int = 30, questions: int = 64, log=print) -> dict:
         log(f"Q: {q}\n   before: {a0.strip()[:110]!r}\n   after:  {a1.strip()[:110]!r}"
             f"  (reference {ref}, {'correct' if c1 else 'wrong'})")
         shown += 1
-    log(f"\ndone in {time.perf_counter() - t0:.0f} s; run folder: {cfg.run_dir}")
+    from hone.report import write_report
+    report = write_report(cfg.run_dir)
+    log(f"\ndone in {time.perf_counter() - t0:.0f} s; run folder: {cfg.run_dir}; training "
+        f"curves: {report} (open it in a browser)")
     return {"before": before.accuracy, "after": after.accuracy}

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from hone.chat_template import ChatTemplateError
 from hone.data.loader import TrainIterator, load_records
 from hone.errors import InputError
 from hone.sampling.generate import encode_prompt
@@ -50,7 +51,11 @@ class PromptData:
             if not isinstance(prompt, str) or not prompt.strip():
                 raise InputError(f"record {index}: field 'prompt' must be a non-empty string, "
                                  f"got {prompt!r}"[:300], path=self.path)
-            text = prompt_text(tokenizer, prompt, chat)
+            try:
+                text = prompt_text(tokenizer, prompt, chat)
+            except ChatTemplateError as err:
+                raise InputError(f"record {index}: the chat template rejects this prompt "
+                                 f"({err.detail})", path=self.path, key="prompt") from err
             ids = encode_prompt(tokenizer, text)
             if len(ids) > max_prompt_tokens:
                 if overlong == "drop":

@@ -141,16 +141,18 @@ class CheckpointSection:
 class LogSection:
     # Log metrics every N steps.
     every_steps: int = field(default=1, metadata={"min": 1})
-    # Where metrics go; jsonl writes run_dir/metrics.jsonl.
+    # Where metrics go; jsonl writes run_dir/metrics.jsonl; wandb needs the wandb package.
     sinks: tuple[str, ...] = field(
         default=("console", "jsonl", "tensorboard"),
-        metadata={"choices": ("console", "jsonl", "tensorboard", "prometheus")})
+        metadata={"choices": ("console", "jsonl", "tensorboard", "prometheus", "wandb")})
     # Peak FLOP/s of one device, for MFU; None = unknown, MFU not logged.
     peak_flops: float | None = field(default=None, metadata={"gt": 0.0})
     # Port of the prometheus sink's /metrics endpoint; 0 = a free port, printed at start.
     prometheus_port: int = field(default=9464, metadata={"min": 0, "max": 65535})
     # Address the prometheus sink listens on; loopback by default, "0.0.0.0" = every interface.
     prometheus_host: str = "127.0.0.1"
+    # Weights & Biases project of the wandb sink; None = WANDB_PROJECT or W&B's default.
+    wandb_project: str | None = None
     # Steps to trace with jax.profiler into run_dir/profile (first to last chosen step), logging
     # the share of device op time spent in collectives; () = no tracing.
     profile_steps: tuple[int, ...] = field(default=(), metadata={"min": 1})

@@ -104,7 +104,8 @@ class ConsoleSink:
 
 
 def make_sinks(names, run_dir: Path, *, max_steps: int, resume_step: int | None,
-               prometheus_port: int = 9464, prometheus_host: str = "127.0.0.1") -> list:
+               prometheus_port: int = 9464, prometheus_host: str = "127.0.0.1",
+               wandb_project: str | None = None) -> list:
     sinks = []
     for name in names:
         if name == "console":
@@ -119,6 +120,9 @@ def make_sinks(names, run_dir: Path, *, max_steps: int, resume_step: int | None,
             from hone.metrics.prometheus import PrometheusSink
             if jax.process_index() == 0:
                 sinks.append(PrometheusSink(prometheus_port, prometheus_host))
+        elif name == "wandb":
+            from hone.metrics.wandb_sink import WandbSink
+            sinks.append(WandbSink(run_dir, project=wandb_project, resume_step=resume_step))
         else:
             raise ValueError(f"unknown metrics sink {name!r}")
     return sinks

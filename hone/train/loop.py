@@ -143,10 +143,15 @@ def run_loop(spec: LoopSpec, cfg, run_dir: Path) -> dict[str, Any]:
     state = guards.configure(state, cfg.guard)  # the limits in force are the config's
     sinks = []
     if jax.process_index() == 0:  # one process writes the logs; every process checkpoints
-        sinks = make_sinks(log.sinks, run_dir, max_steps=train.max_steps,
-                           resume_step=latest if latest is not None else None,
-                           prometheus_port=log.prometheus_port,
-                           prometheus_host=log.prometheus_host)
+        try:
+            sinks = make_sinks(log.sinks, run_dir, max_steps=train.max_steps,
+                               resume_step=latest if latest is not None else None,
+                               prometheus_port=log.prometheus_port,
+                               prometheus_host=log.prometheus_host,
+                               wandb_project=log.wandb_project)
+        except BaseException:  # a sink that cannot start: release the folder's lock
+            ckpt.close()
+            raise
     last_saved = start if latest is not None else None
     if spec.eval_at_start and spec.eval_fn is not None and latest is None:
         for sink in sinks:

@@ -198,6 +198,7 @@ def test_reward_model_scores_match_the_model_and_compile_once(tiny_reward_model)
         return [float(forward(model, np.asarray([tok.encode(p + c)], np.int32))[0])
                 for p, c in zip(ps, cs)]
 
+    reward_model_scorer.score_batch.clear_cache()  # other tests in this process traced it
     before = reward_model_scorer.TRACES["score_batch"]
     first = rewards(prompts, completions, {}, [1] * 5)
     np.testing.assert_allclose(first.per_function["reward_model"], expected(prompts, completions),

@@ -152,7 +152,7 @@ def test_yaml_12_scalars(tmp_path):
     ("data.format=chat", "data.format", "auto, messages, prompt_completion, text"),
     ("train.schedule=cos", "train.schedule", "constant, linear, cosine"),
     ("train.remat=all", "train.remat", "none, full, save_dots, offload"),
-    ("log.sinks=[jsonl,wandb]", "log.sinks", "console, jsonl, tensorboard, prometheus"),
+    ("log.sinks=[jsonl,mlflow]", "log.sinks", "console, jsonl, tensorboard, prometheus, wandb"),
 ])
 def test_a_value_outside_the_choices_lists_the_allowed_ones(override, key, allowed):
     with pytest.raises(InputError) as info:

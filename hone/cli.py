@@ -53,7 +53,7 @@ def cmd_generate(args) -> int:
 
 def cmd_demo(args) -> int:
     from hone.recipes.demo import run_demo
-    run_demo(steps=args.steps, dpo_steps=args.dpo_steps, questions=args.questions)
+    run_demo(steps=args.steps, questions=args.questions)
     return 0
 
 
@@ -218,16 +218,13 @@ def build_parser() -> argparse.ArgumentParser:
                       help="run_dir=FOLDER, or STAGE.section.key=value for one stage")
     pipe.set_defaults(func=cmd_pipeline)
 
-    demo = sub.add_parser("demo", help="fine-tune the shipped SmolLM2-135M-Instruct (SFT, "
-                          "then DPO) and show held-out accuracy after each stage",
-                          description="A two-stage pipeline on the real SmolLM2-135M-Instruct: "
-                          "LoRA SFT on bundled arithmetic problems, then DPO on right versus "
-                          "near-miss answers, with held-out accuracy before training and after "
-                          "each stage, and a report of each stage's curves.\n\nexamples:\n"
-                          "  hone demo\n  hone demo --steps 60 --dpo-steps 30 --questions 200",
+    demo = sub.add_parser("demo", help="fine-tune the shipped SmolLM2-135M-Instruct and show "
+                          "held-out accuracy before and after",
+                          description="LoRA fine-tuning of the real SmolLM2-135M-Instruct on "
+                          "bundled arithmetic problems, with held-out accuracy before and after."
+                          "\n\nexample:\n  hone demo --steps 30",
                           formatter_class=argparse.RawDescriptionHelpFormatter)
-    demo.add_argument("--steps", type=int, default=30, help="SFT steps (default 30)")
-    demo.add_argument("--dpo-steps", type=int, default=15, help="DPO steps (default 15)")
+    demo.add_argument("--steps", type=int, default=30, help="training steps (default 30)")
     demo.add_argument("--questions", type=int, default=64,
                       help="held-out problems to score before and after (default 64)")
     demo.set_defaults(func=cmd_demo)

@@ -49,28 +49,9 @@ def finish(run_dir: Path, env) -> subprocess.CompletedProcess:
     return out
 
 
-def test_sft_reward_ppo_runs_end_to_end(tmp_path, env):
-    run = tmp_path / "pipe"
-    out = finish(run, env)
-    for k, name in enumerate(["sft", "reward", "ppo"], 1):
-        assert f"[{k}/3] {name}:" in out.stdout
-        assert (run / name / "stage_done.json").is_file()
-        assert (run / name / "export" / "config.json").is_file()
-    assert (run / "reward/export/model.safetensors.index.json").is_file()  # a reward model
-    ppo = yaml.safe_load((run / "ppo/config.yaml").read_text())
-    assert ppo["model"]["source"] == str(run / "sft/export")
-    assert ppo["rewards"]["reward_model"] == str(run / "reward/export")
-    reward = yaml.safe_load((run / "reward/config.yaml").read_text())
-    assert reward["model"]["source"] == str(run / "sft/export")
-    assert reward["train"]["max_steps"] == 8
-    assert "pipeline done" in out.stdout and "loss" in out.stdout.split("pipeline done")[1]
-    # The resolved pipeline.yaml is a pipeline file that plans the very same stages.
-    again = plan(load_pipeline(str(run / "pipeline.yaml")), run / "pipeline.yaml")
-    first = plan(load_pipeline(str(PIPELINE), [f"run_dir={run}", *FAST]), PIPELINE)
-    assert [p.cfg for p in again] == [p.cfg for p in first]
-
-
-def test_killed_in_the_second_stage_the_rerun_skips_the_first(tmp_path, env):
+def test_killed_in_the_second_stage_the_rerun_skips_the_first_and_finishes(tmp_path, env):
+    """One pipeline run costs three trainings, so the end-to-end checks (each stage from the
+    right export, the resolved pipeline.yaml) are made on the run that was killed and rerun."""
     run = tmp_path / "pipe"
     checkpoints = run / "reward" / "checkpoints"
     proc = subprocess.Popen(command(run), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
@@ -97,7 +78,20 @@ def test_killed_in_the_second_stage_the_rerun_skips_the_first(tmp_path, env):
     assert [p.stat().st_mtime_ns for p in sft_files] == before
     for name in ["sft", "reward", "ppo"]:
         assert (run / name / "stage_done.json").is_file()
-    assert (run / "ppo/export/config.json").is_file()
+        assert (run / name / "export" / "config.json").is_file()
+    assert (run / "reward/export/model.safetensors.index.json").is_file()  # a reward model
+    ppo = yaml.safe_load((run / "ppo/config.yaml").read_text())
+    assert ppo["model"]["source"] == str(run / "sft/export")
+    assert ppo["rewards"]["reward_model"] == str(run / "reward/export")
+    reward = yaml.safe_load((run / "reward/config.yaml").read_text())
+    assert reward["model"]["source"] == str(run / "sft/export")
+    assert reward["train"]["max_steps"] == 8
+    assert "[3/3] ppo:" in out.stdout
+    assert "pipeline done" in out.stdout and "loss" in out.stdout.split("pipeline done")[1]
+    # The resolved pipeline.yaml is a pipeline file that plans the very same stages.
+    again = plan(load_pipeline(str(run / "pipeline.yaml")), run / "pipeline.yaml")
+    first = plan(load_pipeline(str(PIPELINE), [f"run_dir={run}", *FAST]), PIPELINE)
+    assert [p.cfg for p in again] == [p.cfg for p in first]
 
 
 STAGES = [{"name": "sft", "command": "sft", "config": str(ROOT / "configs/tiny/sft.yaml")},

@@ -143,8 +143,9 @@ def test_dynamic_sampling_refills_groups_whose_rewards_are_equal(tmp_path):
     assert row["refill_rounds"] == 2
 
 
+# GRPO's resume is the SIGKILL fault test's (tests/train/test_fault_script.py); PPO's here,
+# with its EMA reference and adaptive KL coefficient in the checkpoint.
 @pytest.mark.parametrize("name,cls,extra", [
-    ("grpo", GRPOConfig, ["grpo.iterations=2"]),
     ("ppo", PPOConfig, ["ppo.reference=ema", "ppo.kl_target=0.01", "ppo.kl_horizon=100"])])
 def test_sigterm_mid_run_resumes_exactly(name, cls, extra, tmp_path):
     run = run_grpo if name == "grpo" else run_ppo

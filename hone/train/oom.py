@@ -51,6 +51,8 @@ class AccumStep:
         return self.fn(*args)
 
     def __getattr__(self, name: str):  # lower(), trace(), ... of the jitted function
+        if name == "fn":  # not built yet (copy, pickle): no recursion through self.fn
+            raise AttributeError(name)
         return getattr(self.fn, name)
 
     @property

@@ -68,18 +68,8 @@ def cmd_train(args) -> int:
     # Join a multi-process run before JAX touches a device; only process 0 prints.
     main = not initialize(cfg.distributed) or jax.process_index() == 0
     log = print if main else (lambda *a, **k: None)
-    if args.command == "sft":
-        from hone.recipes.sft import run_sft as run
-    elif args.command == "dpo":
-        from hone.recipes.dpo import run_dpo as run
-    elif args.command == "grpo":
-        from hone.recipes.grpo import run_grpo as run
-    elif args.command == "ppo":
-        from hone.recipes.ppo import run_ppo as run
-    elif args.command == "distill":
-        from hone.recipes.distill import run_distill as run
-    else:
-        from hone.recipes.reward import run_reward as run
+    from hone.recipes import recipe
+    run = recipe(args.command)
     try:
         run(cfg, log=log)
     except Interrupted as e:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import gc
 import hashlib
-import importlib
 import json
 import os
 import textwrap
@@ -37,15 +36,12 @@ from typing import Any
 from hone.config import COMMANDS, dump_yaml, load_config
 from hone.config.pipeline_schema import PipelineConfig, Stage, load_pipeline
 from hone.errors import InputError
+from hone.recipes import recipe
 
 DONE = "stage_done.json"  # in a stage's run folder; its presence = the stage is finished
 EXPORT = "export"  # the stage's exported model, inside its run folder
 
 # The recipe each command runs (what `hone <command>` calls).
-_RECIPES = {"sft": "hone.recipes.sft:run_sft", "dpo": "hone.recipes.dpo:run_dpo",
-            "reward": "hone.recipes.reward:run_reward", "grpo": "hone.recipes.grpo:run_grpo",
-            "ppo": "hone.recipes.ppo:run_ppo", "distill": "hone.recipes.distill:run_distill"}
-
 # Metrics the end-of-pipeline summary shows when a stage logged them, besides every eval_ one.
 _SUMMARY_KEYS = ("loss", "accuracy", "reward_mean", "kl_seq")
 
@@ -211,8 +207,7 @@ def _run_stage(p: Planned, log) -> None:
 
     from hone.recipes.export import export_run
     from hone.train.loop import Interrupted
-    module, name = _RECIPES[p.stage.command].split(":")
-    run = getattr(importlib.import_module(module), name)
+    run = recipe(p.stage.command)
     what = f"stage {p.stage.name!r} ({p.stage.command}, {p.run_dir})"
     try:
         run(p.cfg, log=log)  # the trained model it returns is dropped: the export reloads it

@@ -1,9 +1,10 @@
-# The two commands a newcomer runs: `make demo` and `make test`.
+# The two commands a newcomer runs: `make demo` and `make test`; `make bench` measures hone
+# against Tunix and PyTorch (an hour or more on a 2-core CPU).
 # Each creates .venv and installs the pinned dependencies when they are missing.
 PY := .venv/bin/python
 STAMP := .venv/.installed
 
-.PHONY: demo test venv clean
+.PHONY: demo test bench venv clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
@@ -29,6 +30,14 @@ test: $(STAMP)
 	@cache=$$(mktemp -d "$${TMPDIR:-/tmp}/hone-test-jax-cache.XXXXXX"); \
 	JAX_COMPILATION_CACHE_DIR=$$cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
 		$(PY) -m pytest -q -n 2; status=$$?; rm -rf "$$cache"; exit $$status
+
+# Every side-by-side benchmark driver, one after another (never in parallel: they time), then the
+# Summary section of benchmarks/RESULTS.md and benchmarks/results.png. The Tunix venv is created
+# by the first driver that needs it. Options: make bench BENCH_FLAGS="--rounds 3 --repeats 5"
+# (or BENCH_FLAGS=--quick: one round, one repeat).
+BENCH_FLAGS ?=
+bench: $(STAMP)
+	$(PY) benchmarks/suite.py $(BENCH_FLAGS)
 
 clean:
 	rm -rf .venv

@@ -14,6 +14,8 @@
   JSON lines it prints, and record the core-busy sample taken just before it started.
 - `versions()`: package versions of the main venv and the Tunix venv.
 - `write_section(title, text)`: replace one "## title" section of RESULTS.md, keeping the rest.
+- `save_last(name, args, records)`: this run's aggregated results as JSON in .last/NAME.json,
+  which suite.py (`make bench`) turns into the Summary section.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ sys.path.insert(0, str(HERE))
 import _venvs  # noqa: E402
 
 RESULTS = HERE / "RESULTS.md"
+LAST = HERE / ".last"  # one JSON file per driver: its latest aggregated results (git-ignored)
 BUSY: list[float] = []  # cores busy with other work, sampled before each process
 HEADER = """# Benchmark results
 
@@ -44,7 +47,9 @@ Unless a section says otherwise, every implementation runs the same model shape 
 random init, fp32.
 Numbers on a shared 2-core machine are noisy (about 10%); compare ratios within one run.
 
-Rerun (each section is rewritten by its own script):
+Rerun everything with `make bench` (benchmarks/suite.py: decode.py, train.py, dpo.py and
+grpo.py with --write, one after another, then the Summary section and results.png), or one
+section with its own script:
 
     .venv/bin/python benchmarks/decode.py --write
     .venv/bin/python benchmarks/train.py --write
@@ -210,13 +215,29 @@ def versions(main_pkgs=("jax", "flax", "torch", "transformers"),
     return out
 
 
-def write_section(title: str, section: str, path: Path = RESULTS) -> None:
-    """Replace the "## {title}" section of `path` (up to the next "## ") with `section`, or append
-    it; the file starts from HEADER when missing."""
+def save_last(name: str, args, records: list[dict], path: Path | None = None) -> Path:
+    """Write {"driver", "date", "rounds", "repeats", "records"} to .last/NAME.json: records are
+    this run's medians over rounds, one dict per (impl, row) with at least "impl" and "row"."""
+    path = path or LAST / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"driver": name, "date": datetime.date.today().isoformat(),
+                                "rounds": args.rounds, "repeats": args.repeats,
+                                "records": records}, indent=1) + "\n")
+    return path
+
+
+def write_section(title: str, section: str, path: Path = RESULTS, top: bool = False) -> None:
+    """Replace the "## {title}" section of `path` (up to the next "## ") with `section`; when
+    there is none, append it, or with `top` put it before the first "## " section. The file
+    starts from HEADER when missing."""
     text = path.read_text() if path.exists() else HEADER
     lines = text.splitlines()
     start = next((i for i, l in enumerate(lines) if l.strip() == f"## {title}"), None)
-    if start is None:
+    first = next((i for i, l in enumerate(lines) if l.startswith("## ")), None)
+    if start is None and top and first is not None:
+        new = ("\n".join(lines[:first]).rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n\n"
+               + "\n".join(lines[first:]) + "\n")
+    elif start is None:
         new = text.rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n"
     else:
         end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")),

@@ -4,17 +4,31 @@ line per measurement the drivers read.
 
 Standard library only: the Tunix scripts run in their own virtual environment
 (benchmarks/.venvs/tunix) and import this file from beside them, as the hone and PyTorch ones do.
+The clock itself (`first_and_median`, `timed`, `peak_rss_mb`, `finite`) is hone/bench/timing.py,
+also standard library only, loaded here by its path (not `import hone`, which the Tunix venv
+lacks), so every implementation is timed by the same code as `hone bench`.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
-import math
-import resource
 import statistics
-import time
-from typing import Callable
+from pathlib import Path
+
+
+def _load_timing():
+    path = Path(__file__).resolve().parent.parent / "hone" / "bench" / "timing.py"
+    spec = importlib.util.spec_from_file_location("_hone_bench_timing", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_timing = _load_timing()
+finite, first_and_median = _timing.finite, _timing.first_and_median
+timed, peak_rss_mb = _timing.timed, _timing.peak_rss_mb
 
 
 def _ints(ap: argparse.ArgumentParser, **defaults: int) -> argparse.ArgumentParser:
@@ -62,55 +76,12 @@ def grpo_args(description: str) -> argparse.Namespace:
     return _ints(ap, repeats=5, seed=0).parse_args()
 
 
-def finite(x) -> float:
-    """float(x), asserting it is finite (a loss that became inf or nan fails the run)."""
-    x = float(x)
-    assert math.isfinite(x), x
-    return x
-
-
-def first_and_median(call: Callable[[], object], repeats: int,
-                     wait: Callable[[object], object] | None = None,
-                     value: Callable[[object], object] | None = None):
-    """(first call's seconds, median seconds of `repeats` more calls, value(first call's out)).
-
-    Each call is timed from before call() until it returns, or until wait(out) returns when given
-    (e.g. jax.block_until_ready); value(out) runs after the clock stops, on every call, so checks
-    there are not timed. Without value, the third item is None."""
-    def run():
-        t0 = time.perf_counter()
-        out = call()
-        if wait is not None:
-            wait(out)
-        dt = time.perf_counter() - t0
-        return dt, (None if value is None else value(out))
-
-    first, got = run()
-    times = [run()[0] for _ in range(max(1, repeats))]
-    return first, statistics.median(times), got
-
-
-def timed(record: list, fn: Callable, wait: Callable[[object], object] | None = None):
-    """fn, appending each call's wall-clock seconds (until wait(out) returns, if given) to
-    `record`: for timing calls made inside a library's own loop."""
-    def wrapper(*a, **kw):
-        t0 = time.perf_counter()
-        out = fn(*a, **kw)
-        if wait is not None:
-            wait(out)
-        record.append(time.perf_counter() - t0)
-        return out
-    return wrapper
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-
-
 def emit_decode(impl: str, batch: int, new_tokens: int, first: float, median: float) -> None:
+    """One decode line; peak_rss_mb is the peak so far (batch sizes run in order, one process)."""
     print(json.dumps({"impl": impl, "batch": batch, "first_s": round(first, 4),
                       "median_s": round(median, 4),
-                      "tokens_per_s": round(batch * new_tokens / median, 2)}), flush=True)
+                      "tokens_per_s": round(batch * new_tokens / median, 2),
+                      "peak_rss_mb": round(peak_rss_mb(), 1)}), flush=True)
 
 
 def emit_train(impl: str, row: str, tokens: int, first: float, median: float,

@@ -43,7 +43,7 @@ def bullets(vers: dict) -> dict[str, str]:
 
 def summarize(rows: list[dict], impls, batches, new_tokens) -> dict:
     summary = _driver.aggregate(rows, [(i, b) for i in impls for b in batches],
-                                lambda r: (r["impl"], r["batch"]), peak=False)
+                                lambda r: (r["impl"], r["batch"]))
     for (_, b), s in summary.items():
         s["tokens_per_s"] = b * new_tokens / s["median_s"]
     return summary
@@ -93,6 +93,8 @@ def main():
 
     rows = _driver.run_rounds(args, lambda impl: jobs(impl, args))
     summary = summarize(rows, args.impls, batches, args.new_tokens)
+    _driver.save_last("decode", args, [{"impl": i, "row": f"decode-{b}", "batch": b, **s}
+                                       for (i, b), s in summary.items()])
     settings = (f"greedy decode of {args.new_tokens} new tokens from {args.prompt_len}-token "
                 f"random prompts (all one length, no EOS), fp32; median over {args.rounds} "
                 f"round(s) of each process's median of {args.repeats} timed call(s) after one "

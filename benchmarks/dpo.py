@@ -52,9 +52,13 @@ def bullets(vers: dict) -> dict[str, str]:
     }
 
 
-def table(results: list[dict], impls, pairs: int) -> str:
+def summarize(results: list[dict], impls) -> dict:
+    """{impl: medians over rounds (median_s, first_s), max peak_rss_mb, first_loss}."""
+    return _driver.aggregate(results, impls, lambda r: r["impl"], firsts=("first_loss",))
+
+
+def table(summary: dict, pairs: int) -> str:
     """One markdown row per library: medians over rounds, and how many times faster hone is."""
-    summary = _driver.aggregate(results, impls, lambda r: r["impl"], firsts=("first_loss",))
     hone = summary.get("hone", {}).get("median_s")
     rows = [[impl, f"{s['median_s']:.3f}", f"{pairs / s['median_s']:.2f}", f"{s['first_s']:.1f}",
              f"{s['peak_rss_mb']:.0f}", f"{s['first_loss']:.4f}",
@@ -72,6 +76,8 @@ def main():
     args = _driver.parse(ap, IMPLS)
 
     results = _driver.run_rounds(args, lambda impl: jobs(impl, args))
+    summary = summarize(results, args.impls)
+    _driver.save_last("dpo", args, [{"impl": i, "row": "dpo", **s} for i, s in summary.items()])
     p, c = args.prompt_len, args.completion_len
     settings = (
         f"DPO step, policy + frozen reference, {args.pairs} pairs of {p} + {c} tokens (2 x "
@@ -85,7 +91,7 @@ def main():
         "at step 0).")
     _driver.report(args, _driver.section(
         args, "dpo.py", settings, bullets(_driver.versions()), [
-            table(results, args.impls, args.pairs), "",
+            table(summary, args.pairs), "",
             "hone speed-up: the library's median step time / hone's.", ""]))
 
 

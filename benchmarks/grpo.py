@@ -65,11 +65,16 @@ def bullets(vers: dict, beta: float) -> dict[str, str]:
     }
 
 
-def table(results: list[dict], impls) -> str:
-    """One markdown row per implementation: medians over rounds, and hone's speed-up."""
-    summary = _driver.aggregate(
+def summarize(results: list[dict], impls) -> dict:
+    """{impl: medians over rounds of the step and its phases, max peak_rss_mb, first round's
+    first_loss and ref_in_update}."""
+    return _driver.aggregate(
         results, impls, lambda r: r["impl"], firsts=("first_loss", "ref_in_update"),
         medians=("median_s", "first_s", "rollout_s", "ref_s", "update_s"))
+
+
+def table(summary: dict) -> str:
+    """One markdown row per implementation: medians over rounds, and hone's speed-up."""
     hone = summary.get("hone", {}).get("median_s")
     rows = []
     for impl, s in summary.items():
@@ -97,6 +102,8 @@ def main():
     args = _driver.parse(ap, IMPLS)
 
     results = _driver.run_rounds(args, lambda impl: jobs(impl, args))
+    summary = summarize(results, args.impls)
+    _driver.save_last("grpo", args, [{"impl": i, "row": "grpo", **s} for i, s in summary.items()])
     n, g, p, m = args.prompts, args.generations, args.prompt_len, args.new_tokens
     settings = (
         f"one GRPO step, {n} prompts x {g} generations ({n * g} sequences of {p} random prompt "
@@ -117,7 +124,7 @@ def main():
                if "hone-beta0" in args.impls else "."))
     _driver.report(args, _driver.section(
         args, "grpo.py", settings, bullets(_driver.versions(), args.beta),
-        [table(results, args.impls), "", note, ""]))
+        [table(summary), "", note, ""]))
 
 
 if __name__ == "__main__":

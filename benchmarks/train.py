@@ -142,6 +142,8 @@ def main():
     results = _driver.run_rounds(args, lambda impl: jobs(impl, args))
     names = rows + ([f"{r}-bf16" for r in rows] if args.bf16 else [])
     summary = summarize(results, impls, names, args.batch * args.seq_len)
+    _driver.save_last("train", args, [{"impl": i, "row": n, **s}
+                                      for (i, n), s in summary.items()])
     vers = _driver.versions(main_pkgs=("jax", "flax", "torch", "transformers", "peft"))
     settings = (f"one optimizer step on {args.batch} x {args.seq_len} random tokens (all real, "
                 "loss on every token: hone scores all T targets of a row, Tunix's default loss "

@@ -112,6 +112,12 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    """sft, lora, dpo, decode, grpo: see hone/bench/command.py."""
+    from hone.bench.command import run_bench
+    return run_bench(args)
+
+
 def _add_train_command(sub, name: str, func, what: str) -> None:
     p = sub.add_parser(name, help=what, description=(
         f"{what}.\n\nRunning the same command again with the same run_dir resumes from the "
@@ -130,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
         "  hone demo\n"
         "  hone sft --config configs/tiny/sft.yaml\n"
         "  hone generate --model smollm2-135m-instruct --chat --prompt 'Hi!'\n"
-        "  hone generate --model ./my-hf-folder --prompt 'Once upon a time' --temperature 0.8"),
+        "  hone generate --model ./my-hf-folder --prompt 'Once upon a time' --temperature 0.8\n"
+        "  hone bench sft --model tiny --steps 2"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -189,6 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     from hone.eval.commands import add_eval_parser
     add_eval_parser(sub).set_defaults(func=cmd_eval)  # hone eval perplexity|accuracy|pairs|compare
+
+    from hone.bench.command import DESCRIPTION as BENCH_DESCRIPTION, add_bench_arguments
+    bench = sub.add_parser("bench", help="time one sft, lora, dpo, decode or grpo step on a "
+                           "random-init model: seconds, tokens/s, memory, MFU",
+                           description=BENCH_DESCRIPTION,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_bench_arguments(bench).set_defaults(func=cmd_bench)
 
     pipe = sub.add_parser("pipeline", help="training stages in order (e.g. sft -> reward -> "
                           "ppo), each from an earlier stage's model; resumable",

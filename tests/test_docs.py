@@ -79,7 +79,8 @@ def commands() -> set[str]:
 
 
 def cli_flags() -> set[str]:
-    text = "".join((ROOT / "hone" / f).read_text() for f in ("cli.py", "eval/commands.py"))
+    text = "".join((ROOT / "hone" / f).read_text()
+                   for f in ("cli.py", "eval/commands.py", "bench/command.py"))
     return set(re.findall(r'add_argument\(\s*"(--[\w-]+)"', text))
 
 

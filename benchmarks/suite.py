@@ -1,0 +1,188 @@
+"""`make bench`: every side-by-side driver, then one summary of the speed goals.
+
+Runs decode.py, train.py, dpo.py and grpo.py (each with --write, so each rewrites its own
+RESULTS.md section) one after another, never in parallel. Each driver leaves its aggregated
+results in benchmarks/.last/DRIVER.json (removed before it starts, so the summary only uses
+this run's numbers); from those this script writes the "## Summary" section near the top of
+RESULTS.md: one table with every row (sft, lora, dpo, decode batch 8 and 32, grpo) x hone,
+Tunix and PyTorch (median step seconds, or tokens per second for decode; first-step seconds;
+peak RSS), hone's speed-up over each and the goals (2x Tunix, 2.5x PyTorch) met or NOT met,
+and the chart benchmarks/results.png of the speed-ups.
+
+    make bench                                   # the drivers' own rounds and repeats
+    make bench BENCH_FLAGS="--rounds 3 --repeats 5"
+    .venv/bin/python benchmarks/suite.py --quick  # one round, one repeat: a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import _driver  # noqa: E402
+
+DRIVERS = ("decode", "train", "dpo", "grpo")  # the order they run in
+# (summary row, driver, the driver's row name, what is compared: "step" s or decode "tok/s")
+ROWS = (("sft", "train", "sft", "step"), ("lora", "train", "lora", "step"),
+        ("dpo", "dpo", "dpo", "step"), ("decode batch 8", "decode", "decode-8", "tok/s"),
+        ("decode batch 32", "decode", "decode-32", "tok/s"), ("grpo", "grpo", "grpo", "step"))
+IMPLS = ("hone", "tunix", "torch")
+GOALS = {"tunix": 2.0, "torch": 2.5}  # hone at least this many times faster
+NAMES = {"hone": "hone", "tunix": "Tunix", "torch": "PyTorch"}
+CHART = HERE / "results.png"
+
+
+def speedup(kind: str, hone: dict | None, other: dict | None) -> float | None:
+    """How many times faster hone is: the other's step time / hone's, or hone's tokens per
+    second / the other's (decode); None when either was not measured."""
+    if hone is None or other is None:
+        return None
+    if kind == "tok/s":
+        return hone["tokens_per_s"] / other["tokens_per_s"]
+    return other["median_s"] / hone["median_s"]
+
+
+def collect(last: dict[str, dict]) -> list[dict]:
+    """The summary rows from the drivers' .last JSON ({driver: its saved object}): each row has
+    "row", "kind", "impls" ({impl: record}) and "speedup" ({"tunix": x or None, "torch": ...})."""
+    out = []
+    for label, driver, name, kind in ROWS:
+        records = last.get(driver, {}).get("records", [])
+        impls = {r["impl"]: r for r in records if r["row"] == name and r["impl"] in IMPLS}
+        out.append({"row": label, "kind": kind, "impls": impls,
+                    "speedup": {o: speedup(kind, impls.get("hone"), impls.get(o))
+                                for o in GOALS}})
+    return out
+
+
+def goal_cell(speedups: dict) -> str:
+    """"2x Tunix: met; 2.5x PyTorch: NOT met" (or "not measured" for a side that did not run)."""
+    parts = []
+    for other, goal in GOALS.items():
+        r = speedups[other]
+        verdict = "not measured" if r is None else ("met" if r >= goal else "NOT met")
+        parts.append(f"{goal:g}x {NAMES[other]}: {verdict}")
+    return "; ".join(parts)
+
+
+def _cell(impls: dict, impl: str, field: str, spec: str) -> str:
+    """impls[impl][field] formatted, or "-" where not measured."""
+    got = impls.get(impl, {})
+    return format(got[field], spec) if field in got else "-"
+
+
+def _triple(impls: dict, field: str, spec: str) -> str:
+    """"a / b / c" for hone / tunix / torch."""
+    return " / ".join(_cell(impls, i, field, spec) for i in IMPLS)
+
+
+def table(rows: list[dict]) -> str:
+    head = ["row", "measure", "hone", "tunix", "torch", "first step s (hone / tunix / torch)",
+            "peak RSS MB (hone / tunix / torch)", "hone/tunix", "hone/torch", "goal"]
+    body = []
+    for r in rows:
+        field, spec = ("tokens_per_s", ".1f") if r["kind"] == "tok/s" else ("median_s", ".3f")
+        cells = [r["row"], "tok/s" if r["kind"] == "tok/s" else "step s"]
+        cells += [_cell(r["impls"], i, field, spec) for i in IMPLS]
+        cells += [_triple(r["impls"], "first_s", ".1f"), _triple(r["impls"], "peak_rss_mb", ".0f")]
+        cells += ["-" if r["speedup"][o] is None else f"{r['speedup'][o]:.2f}x" for o in GOALS]
+        cells.append(goal_cell(r["speedup"]))
+        body.append(cells)
+    return _driver.md_table(head, body)
+
+
+def chart(rows: list[dict], path: Path = CHART) -> Path:
+    """Bars of hone's speed-up over Tunix and PyTorch per row, with the goals as lines."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    width = 0.38
+    xs = range(len(rows))
+    for k, (other, color) in enumerate((("tunix", "tab:blue"), ("torch", "tab:orange"))):
+        heights = [r["speedup"][other] or 0.0 for r in rows]
+        bars = ax.bar([x + (k - 0.5) * width for x in xs], heights, width, color=color,
+                      label=f"vs {NAMES[other]}")
+        for bar, r in zip(bars, rows):
+            text = "n/a" if r["speedup"][other] is None else f"{r['speedup'][other]:.2f}x"
+            ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                        ha="center", va="bottom", fontsize=8)
+        ax.axhline(GOALS[other], color=color, linestyle="--", linewidth=1,
+                   label=f"goal {GOALS[other]:g}x {NAMES[other]}")
+    ax.axhline(1.0, color="gray", linewidth=0.8)
+    top = max([r["speedup"][o] or 0.0 for r in rows for o in GOALS] + list(GOALS.values()))
+    ax.set_ylim(0, top * 1.25)  # room for the labels and the legend above the bars
+    ax.set_xticks(list(xs), [r["row"] for r in rows])
+    ax.set_ylabel("hone speed-up (x)")
+    ax.set_title("hone's speed-up per benchmark row (higher is better)")
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def section(rows: list[dict], last: dict[str, dict], command: str) -> str:
+    runs = ", ".join(f"{d}.py {last[d]['rounds']} round(s) x {last[d]['repeats']} repeat(s)"
+                     for d in DRIVERS if d in last)
+    met = sum(r["speedup"][o] is not None and r["speedup"][o] >= g
+              for r in rows for o, g in GOALS.items())
+    measured = sum(r["speedup"][o] is not None for r in rows for o in GOALS)
+    return "\n".join([
+        "## Summary", "",
+        f"Measured {datetime.date.today().isoformat()} with `{command}` ({runs}); every number "
+        "comes from the sections below, taken in this same run. measure: the median step time "
+        "(s, lower is better) or, for decode, tokens per second (higher is better). hone/tunix "
+        "and hone/torch: how many times faster hone is (step time ratio, or tokens-per-second "
+        "ratio). PyTorch has no GRPO row.", "",
+        table(rows), "",
+        f"Goals (hone at least 2x Tunix and 2.5x PyTorch in every row): {met} of {measured} "
+        "measured comparisons met.", "",
+        f"![hone speed-up per row]({CHART.name})", ""])
+
+
+def run_driver(name: str, flags: list[str]) -> dict:
+    """Run benchmarks/NAME.py --write (its own process; it runs its implementations one at a
+    time) and return the results it saved."""
+    saved = _driver.LAST / f"{name}.json"
+    saved.unlink(missing_ok=True)
+    cmd = [sys.executable, str(HERE / f"{name}.py"), "--write", *flags]
+    print(f"== {' '.join(cmd[1:])}", flush=True)
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True)
+    print(f"== {name}.py: {time.perf_counter() - t0:.0f} s", flush=True)
+    if not saved.exists():
+        raise SystemExit(f"{name}.py finished without writing {saved}")
+    return json.loads(saved.read_text())
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=None, help="passed to every driver")
+    ap.add_argument("--repeats", type=int, default=None, help="passed to every driver")
+    ap.add_argument("--quick", action="store_true", help="--rounds 1 --repeats 1 (smoke run)")
+    args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.repeats = 1, 1
+    flags = [f for name in ("rounds", "repeats") if getattr(args, name) is not None
+             for f in (f"--{name}", str(getattr(args, name)))]
+    last = {name: run_driver(name, flags) for name in DRIVERS}
+    rows = collect(last)
+    text = section(rows, last, " ".join(["benchmarks/suite.py", *flags]))
+    chart(rows, CHART)
+    _driver.write_section("Summary", text, _driver.RESULTS, top=True)
+    print()
+    print(text)
+    print(f"wrote the Summary section of {_driver.RESULTS} and {CHART}")
+
+
+if __name__ == "__main__":
+    main()

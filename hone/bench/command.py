@@ -1,0 +1,159 @@
+"""`hone bench ROW`: the command's options, the per-row default shapes, the matmul ceiling MFU
+divides by, and the one JSON line printed last.
+
+The default shapes are the benchmark rows of benchmarks/RESULTS.md, so `hone bench sft` times
+what `benchmarks/train.py` times for hone (one process, one row):
+- sft, lora: --batch 4 rows x --seq 128 tokens;
+- dpo: --batch 4 pairs, --seq 128 = prompt + completion (--prompt-len, default half of --seq);
+- decode: --batch 8 prompts of --prompt-len 32 tokens, --seq 64 new tokens, greedy;
+- grpo: --batch 2 prompts x --generations 4, --seq 64 = prompt + new tokens (--prompt-len,
+  default half), KL --beta 0.04.
+tokens_per_s counts the tokens one step processes (tokens_per_step): B x T for sft and lora,
+2 x pairs x T for dpo, B x new tokens for decode, prompts x generations x T for grpo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+from typing import Callable
+
+from hone.bench.timing import first_and_median, peak_rss_mb
+from hone.errors import InputError
+
+ROWS = ("sft", "lora", "dpo", "decode", "grpo")
+# row -> (batch, seq, prompt_len or None = half of seq); see the module docstring.
+SHAPES = {"sft": (4, 128, None), "lora": (4, 128, None), "dpo": (4, 128, None),
+          "decode": (8, 64, 32), "grpo": (2, 64, None)}
+MATMUL_SIZE = 2048  # the ceiling's square matmul: 2 x 2048^3 FLOPs a call
+
+DESCRIPTION = """\
+Time one step of a row on a random-init model and print, last, one JSON line:
+median_s, tokens_per_s, first_step_s (trace + compile + run), peak_rss_mb, flops_per_step and
+mfu = flops_per_step / median_s / ceiling_gflops (a jitted 2048^3 matmul timed in the same
+process; bf16: bf16 inputs, fp32 accumulation). The FLOP formulas are in hone/bench/flops.py.
+
+rows and default shapes (those of benchmarks/RESULTS.md):
+  sft, lora   --batch 4 rows, --seq 128 tokens (lora: rank 16 on q/k/v/o/gate/up/down)
+  dpo         --batch 4 pairs, --seq 128 = 64 prompt + 64 completion tokens
+  decode      --batch 8 prompts of --prompt-len 32, --seq 64 new tokens, greedy
+  grpo        --batch 2 prompts x --generations 4, --seq 64 = 32 prompt + 32 new tokens
+
+examples:
+  hone bench sft
+  hone bench lora --precision bf16 --steps 10
+  hone bench decode --batch 32
+  hone bench grpo --model tiny --steps 2 --beta 0"""
+
+
+def add_bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("row", choices=ROWS, help="what to time")
+    p.add_argument("--model", default="smollm2-135m",
+                   help="anything hone.load_model takes; a preset is random init "
+                   "(smollm2-135m, the default; tiny)")
+    p.add_argument("--batch", type=int, default=None,
+                   help="rows (sft, lora), pairs (dpo), prompts (decode, grpo)")
+    p.add_argument("--seq", type=int, default=None,
+                   help="tokens per sequence; decode: new tokens")
+    p.add_argument("--prompt-len", type=int, default=None,
+                   help="prompt tokens (decode 32; dpo, grpo: half of --seq)")
+    p.add_argument("--generations", type=int, default=4, help="grpo: samples per prompt")
+    p.add_argument("--beta", type=float, default=0.04,
+                   help="grpo: KL coefficient (0: no reference model)")
+    p.add_argument("--steps", type=int, default=5,
+                   help="timed steps after the first (compiling) one (default 5)")
+    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
+                   help="bf16: bf16 compute, fp32 weights (decode: bf16 weights)")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+@functools.cache
+def matmul_ceiling(precision: str = "fp32", n: int = MATMUL_SIZE, calls: int = 5) -> float:
+    """GFLOP/s of a jitted n x n x n matmul (median of `calls` after a compiling one); bf16:
+    bf16 inputs accumulated in fp32. Cached: measured once per process."""
+    import jax
+    import jax.numpy as jnp
+    dtype = jnp.bfloat16 if precision == "bf16" else jnp.float32
+    ka, kb = jax.random.split(jax.random.key(0))
+    a = jax.random.normal(ka, (n, n), dtype)
+    b = jax.random.normal(kb, (n, n), dtype)
+    matmul = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
+    _, med, _ = first_and_median(lambda: matmul(a, b), calls, wait=jax.block_until_ready)
+    return 2.0 * n ** 3 / med / 1e9
+
+
+def _shape(args) -> tuple[int, int, int]:
+    """(batch, seq, prompt_len) from the options and the row's defaults, checked."""
+    batch, seq, prompt = SHAPES[args.row]
+    batch = args.batch if args.batch is not None else batch
+    seq = args.seq if args.seq is not None else seq
+    prompt = args.prompt_len if args.prompt_len is not None else (prompt or seq // 2)
+    for name, value in (("--batch", batch), ("--seq", seq), ("--steps", args.steps),
+                        ("--generations", args.generations)):
+        if value < 1:
+            raise InputError(f"{name} must be at least 1, got {value}")
+    if args.row in ("dpo", "grpo") and not 0 < prompt < seq:
+        raise InputError(f"--prompt-len must be between 1 and --seq - 1 ({seq - 1}) for "
+                         f"{args.row}, got {prompt}")
+    if args.row == "decode" and prompt < 1:
+        raise InputError(f"--prompt-len must be at least 1, got {prompt}")
+    return batch, seq, prompt
+
+
+def measure(args, log: Callable = print):
+    """Run the row the options name; returns (Measured, batch, seq, prompt_len)."""
+    from hone.bench.grpo import grpo_row
+    from hone.bench.rows import decode_row, dpo_row, train_row
+    batch, seq, prompt = _shape(args)
+    common = dict(model=args.model, repeats=args.steps, precision=args.precision,
+                  seed=args.seed, log=log)
+    if args.row in ("sft", "lora"):
+        got = train_row(args.row, batch=batch, seq=seq, **common)
+    elif args.row == "dpo":
+        got = dpo_row(pairs=batch, prompt_len=prompt, completion_len=seq - prompt, **common)
+    elif args.row == "decode":
+        got = decode_row(batch=batch, prompt_len=prompt, new_tokens=seq, **common)
+    else:
+        got = grpo_row(prompts=batch, generations=args.generations, prompt_len=prompt,
+                       new_tokens=seq - prompt, beta=args.beta, **common)
+    return got, batch, seq, prompt
+
+
+def _sig(x: float, digits: int = 6) -> float:
+    return float(f"{x:.{digits}g}")
+
+
+def result(args, got, batch: int, seq: int, prompt: int, ceiling_gflops: float) -> dict:
+    """The JSON object `hone bench` prints."""
+    out = {"row": args.row, "model": args.model, "batch": batch, "seq": seq, "steps": args.steps,
+           "precision": args.precision, "median_s": _sig(got.median_s),
+           "tokens_per_step": got.tokens, "tokens_per_s": _sig(got.tokens / got.median_s),
+           "first_step_s": _sig(got.first_s),
+           "peak_rss_mb": round(got.peak_mb if got.peak_mb is not None else peak_rss_mb(), 1),
+           "flops_per_step": round(got.flops),
+           "achieved_gflops": _sig(got.flops / got.median_s / 1e9),
+           "ceiling_gflops": _sig(ceiling_gflops),
+           "mfu": _sig(got.flops / got.median_s / (ceiling_gflops * 1e9), 4)}
+    if args.row in ("dpo", "decode", "grpo"):
+        out["prompt_len"] = prompt
+    if args.row == "grpo":
+        out["generations"] = args.generations
+    if got.first_loss is not None:
+        out["first_loss"] = _sig(got.first_loss)
+    out.update({k: _sig(v) if isinstance(v, float) else v for k, v in got.extra.items()})
+    return out
+
+
+def run_bench(args) -> int:
+    """`hone bench`: progress lines, then the JSON line."""
+    log = lambda msg: print(f"hone bench: {msg}", flush=True)  # noqa: E731
+    got, batch, seq, prompt = measure(args, log)
+    if got.peak_mb is None:
+        got.peak_mb = peak_rss_mb()  # before the ceiling's arrays
+    log(f"measuring the {args.precision} matmul ceiling ({MATMUL_SIZE}^3, jitted)")
+    ceiling = matmul_ceiling(args.precision)
+    log(f"ceiling {ceiling:.1f} GFLOP/s")
+    print(json.dumps(result(args, got, batch, seq, prompt, ceiling)), flush=True)
+    return 0

@@ -1,0 +1,217 @@
+"""How `hone bench` (and benchmarks/*_hone.py) builds and times the sft, lora, dpo and decode
+rows; grpo is hone/bench/grpo.py. Each returns a `Measured`.
+
+Every row runs what the matching command runs, on a model from `hone.load_model(source)` (random
+init for a preset such as `smollm2-135m` or `tiny`):
+- sft / lora: the step hone/recipes/sft.py wires: `split_model`, `build_optimizer` (AdamW,
+  constant lr 1e-4, global-norm clipping at 1.0), `new_train_state` and `make_train_step(...,
+  sft_step_loss, target_tokens, accum=1, precision)`: one jitted, state-donating function doing
+  forward, masked next-token loss, gradients, clipping and the update. lora: `apply_lora` rank
+  16, alpha 32 on attn q/k/v/o and mlp gate/up/down, only `LoRAParam` trained. Batch: B rows of
+  T random ids, all real tokens, the loss on all B x T; the same batch every step.
+- dpo: what `run_dpo` wires: `build_model(cfg)`, `compile_steps(cfg, model, nnx.Param,
+  make_dpo_loss(cfg, "copy"), pair_count)` and the frozen copy of the initial weights as the
+  step's aux; sigmoid DPO, beta 0.1. Batch: B pairs of a P-token prompt + a C-token completion
+  in hone's pair layout ([2B, P + C], rows 0..B-1 chosen), loss on the completions.
+- decode: `hone.generate(model, None, prompts, temperature=0.0, eos_ids=())`: greedy, no EOS, so
+  every row runs to M new tokens.
+
+Timing: the first step (trace + compile + run) alone is first_s; median_s is the median of the
+next `repeats` steps, each until its outputs are ready (wall clock).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from hone.bench import flops
+from hone.bench.timing import finite, first_and_median
+
+LORA_RANK, LORA_ALPHA = 16, 32.0
+LORA_TARGETS = r".*/(attn/(q|k|v|o)|mlp/(gate|up|down))"
+# The AdamW settings every implementation in benchmarks/ uses.
+OPTIM = SimpleNamespace(lr=1e-4, schedule="constant", warmup_steps=0, max_steps=1000,
+                        min_lr_ratio=0.0, max_grad_norm=1.0, b1=0.9, b2=0.999, eps=1e-8,
+                        weight_decay=0.01)
+DPO_PAD_ID = 2  # SmolLM2's; the batch has no padding
+
+
+@dataclass
+class Measured:
+    """One row's measurement; `tokens` is what one step processes (tokens_per_s counts it)."""
+
+    first_s: float  # the first step: trace + compile + run
+    median_s: float  # median of the timed steps after it
+    tokens: int  # tokens per step
+    flops: float  # model FLOPs per step (hone.bench.flops)
+    first_loss: float | None = None  # None for decode
+    peak_mb: float | None = None  # peak RSS when the row read it; None: read it when reporting
+    extra: dict = field(default_factory=dict)  # row-specific fields, e.g. GRPO's phase medians
+    series: dict = field(default_factory=dict)  # per-step seconds lists (GRPO)
+
+
+def quiet(*_):
+    pass
+
+
+def assert_fp32(model, kind=nnx.Param) -> None:
+    dtypes = {x.dtype for x in jax.tree.leaves(nnx.state(model, kind))}
+    assert dtypes == {jnp.dtype(jnp.float32)}, dtypes
+
+
+def _timed_steps(one: Callable, repeats: int, log: Callable) -> tuple[float, float, float]:
+    """(first_s, median_s, first loss) of a step function returning metrics with "loss"."""
+    log(f"timing: 1 first step (trace + compile + run), then {repeats} step(s)")
+    first, med, loss0 = first_and_median(one, repeats, wait=jax.block_until_ready,
+                                         value=lambda metrics: finite(metrics["loss"]))
+    log(f"first step {first:.2f} s, median {med:.4f} s")
+    return first, med, loss0
+
+
+def train_batch(rng: np.random.Generator, b: int, t: int, vocab: int) -> dict:
+    """B rows of T random ids (3..V-1) with their random next tokens as targets, all real."""
+    ids = rng.integers(3, vocab, size=(b, t + 1))
+    ones = np.ones((b, t), np.int32)
+    batch = {
+        "tokens": ids[:, :-1].astype(np.int32),
+        "targets": ids[:, 1:].astype(np.int32),
+        "loss_mask": np.ones((b, t), np.float32),
+        "attention_mask": ones,
+        "positions": np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy(),
+        "segment_ids": ones,
+    }
+    return {k: jnp.asarray(v) for k, v in batch.items()}
+
+
+def train_row(row: str, model: str = "smollm2-135m", batch: int = 4, seq: int = 128,
+              repeats: int = 5, precision: str = "fp32", seed: int = 0,
+              log: Callable = quiet) -> Measured:
+    """One training step, row "sft" (every parameter) or "lora" (adapters only)."""
+    import hone
+    from hone.models.lora import LoRAParam, apply_lora
+    from hone.recipes.sft import sft_step_loss, target_tokens
+    from hone.train.optimizer import build_optimizer
+    from hone.train.state import flatten, new_train_state, split_model
+    from hone.train.step import make_train_step
+
+    assert row in ("sft", "lora"), row
+    log(f"{row}: building {model}, batch {batch} x seq {seq}, {precision}")
+    net = hone.load_model(model, seed=seed)
+    assert_fp32(net)
+    cfg, trainable, n_lora = net.config, nnx.Param, None
+    if row == "lora":
+        apply_lora(net, rank=LORA_RANK, alpha=LORA_ALPHA, targets=LORA_TARGETS,
+                   rngs=nnx.Rngs(seed))
+        trainable = LoRAParam
+    graphdef, params, frozen = split_model(net, trainable)
+    flat = flatten(params)
+    if row == "lora":
+        assert all("lora_" in k for k in flat) and len(flat) == 2 * 7 * cfg.num_layers
+        n_lora = sum(int(np.prod(x.shape)) for x in flat.values())
+    optimizer, schedule = build_optimizer(OPTIM)
+    state = new_train_state(flat, optimizer, seed)
+    step = make_train_step(graphdef, params, sft_step_loss, target_tokens, optimizer, schedule,
+                           accum=1, precision=precision)
+    data = train_batch(np.random.default_rng(seed), batch, seq, cfg.vocab_size)
+    del net, params, flat
+
+    def one():
+        nonlocal state
+        state, metrics = step(state, frozen, data)
+        return metrics
+
+    first, med, loss0 = _timed_steps(one, repeats, log)
+    return Measured(first, med, batch * seq, flops.sft_flops(cfg, batch, seq, n_lora), loss0)
+
+
+def dpo_batch(rng: np.random.Generator, pairs: int, prompt_len: int, completion_len: int,
+              vocab: int) -> dict:
+    """B random pairs in hone's layout: [2B, P + C] rows, loss on the C completion tokens."""
+    from hone.data.preference import Pair, pair_batch, pair_rows
+    draw = lambda n: rng.integers(3, vocab, size=n).astype(np.int32)  # noqa: E731
+    made = [Pair(draw(prompt_len), draw(completion_len), draw(completion_len))
+            for _ in range(pairs)]
+    batch = pair_batch(pair_rows(made, prompt_len + completion_len, DPO_PAD_ID))
+    assert batch["tokens"].shape == (2 * pairs, prompt_len + completion_len)
+    assert batch["loss_mask"].sum() == 2 * pairs * completion_len
+    return {k: jnp.asarray(v) for k, v in batch.items()}
+
+
+def dpo_row(model: str = "smollm2-135m", pairs: int = 4, prompt_len: int = 64,
+            completion_len: int = 64, repeats: int = 5, precision: str = "fp32", seed: int = 0,
+            log: Callable = quiet) -> Measured:
+    """One DPO step: policy and frozen-copy reference over 2 x pairs sequences."""
+    from hone.config import DPOConfig
+    from hone.config.schema import DPOSection, ModelSection, TrainSection
+    from hone.recipes.common import compile_steps
+    from hone.recipes.dpo import make_dpo_loss, pair_count
+    from hone.recipes.sft import build_model
+
+    seq = prompt_len + completion_len
+    log(f"dpo: building {model}, {pairs} pairs of {prompt_len} + {completion_len} tokens, "
+        f"{precision}")
+    cfg = DPOConfig(
+        model=ModelSection(source=model, dtype="float32"),
+        train=TrainSection(batch_size=pairs, grad_accum=1, lr=1e-4, schedule="constant",
+                           weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-8, max_grad_norm=1.0,
+                           seed=seed, precision=precision),
+        dpo=DPOSection(loss_type="sigmoid", beta=0.1, reference="copy"))
+    net, trainable = build_model(cfg, log=quiet)
+    assert trainable is nnx.Param
+    assert_fp32(net)
+    arch = net.config
+    _, _, frozen, state, step, _ = compile_steps(cfg, net, trainable,
+                                                 make_dpo_loss(cfg, "copy"), pair_count)
+    aux = jax.tree.map(jnp.copy, state["params"])  # the frozen reference, as run_dpo makes it
+    data = dpo_batch(np.random.default_rng(seed), pairs, prompt_len, completion_len,
+                     arch.vocab_size)
+    del net
+
+    def one():
+        nonlocal state
+        state, metrics = step(state, frozen, data, aux)
+        return metrics
+
+    first, med, loss0 = _timed_steps(one, repeats, log)
+    return Measured(first, med, 2 * pairs * seq, flops.dpo_flops(arch, pairs, seq), loss0)
+
+
+def decode_row(model="smollm2-135m", batch: int = 8, prompt_len: int = 32,
+               new_tokens: int = 64, repeats: int = 5, precision: str = "fp32", seed: int = 0,
+               log: Callable = quiet) -> Measured:
+    """Greedy decode of M new tokens for B random P-token prompts. `model` is a source for
+    `hone.load_model` or an already loaded model (to time several batch sizes on one);
+    precision bf16 loads the weights in bfloat16."""
+    import hone
+    if isinstance(model, str):
+        log(f"decode: building {model}, {precision}")
+        model = hone.load_model(model, dtype="bfloat16" if precision == "bf16" else "float32",
+                                seed=seed)
+    if precision == "fp32":
+        dtypes = {x.dtype for x in jax.tree.leaves(model) if hasattr(x, "dtype")}
+        assert dtypes <= {jnp.dtype(jnp.float32)}, dtypes
+    cfg = model.config
+    prompts = np.random.default_rng(seed).integers(
+        3, cfg.vocab_size, size=(batch, prompt_len)).tolist()
+
+    def run():
+        return hone.generate(model, None, prompts, max_new_tokens=new_tokens, temperature=0.0,
+                             eos_ids=())
+
+    def check(out):
+        lengths = {len(c.tokens) for c in out}
+        assert len(out) == batch and lengths == {new_tokens}, f"generated lengths {lengths}"
+
+    log(f"decode: batch {batch}, {prompt_len}-token prompts, {new_tokens} new tokens; timing "
+        f"1 first call (compile + run), then {repeats} call(s)")
+    first, med, _ = first_and_median(run, repeats, value=check)
+    log(f"first call {first:.2f} s, median {med:.4f} s")
+    return Measured(first, med, batch * new_tokens,
+                    flops.decode_flops(cfg, batch, prompt_len, new_tokens))

@@ -1,0 +1,73 @@
+"""`hone bench ROW --model tiny`: progress lines, then one JSON line with sane values.
+
+Performance itself is never asserted (STYLE.md rule 8): only that the numbers are consistent
+with each other and with hone/bench/flops.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hone.bench import flops
+from hone.cli import main
+from hone.models.config import PRESETS
+
+REQUIRED = {"row", "model", "batch", "seq", "steps", "median_s", "tokens_per_s", "first_step_s",
+            "peak_rss_mb", "mfu", "flops_per_step", "ceiling_gflops", "tokens_per_step"}
+TINY = PRESETS["tiny"]
+
+
+def bench(capsys, *argv) -> tuple[list[str], dict]:
+    assert main(["bench", *argv]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) > 1 and not any(line.startswith("{") for line in lines[:-1])
+    return lines[:-1], json.loads(lines[-1])
+
+
+@pytest.mark.parametrize("row, tokens, formula", [
+    ("sft", lambda b, t: b * t, lambda b, t: flops.sft_flops(TINY, b, t)),
+    ("lora", lambda b, t: b * t, lambda b, t: flops.sft_flops(TINY, b, t,
+                                                              flops.lora_params(TINY, 16))),
+    ("dpo", lambda b, t: 2 * b * t, lambda b, t: flops.dpo_flops(TINY, b, t)),
+    ("decode", lambda b, t: b * t, lambda b, t: flops.decode_flops(TINY, b, 32, t)),
+    ("grpo", lambda b, t: 4 * b * t, lambda b, t: flops.grpo_flops(TINY, b, 4, t // 2, t // 2)),
+])
+def test_each_row_prints_a_last_json_line(capsys, row, tokens, formula):
+    progress, got = bench(capsys, row, "--model", "tiny", "--steps", "2")
+    assert all(line.startswith("hone bench: ") for line in progress)
+    assert REQUIRED <= set(got), REQUIRED - set(got)
+    assert (got["row"], got["model"], got["steps"]) == (row, "tiny", 2)
+    b, t = got["batch"], got["seq"]
+    assert (b, t) == {"sft": (4, 128), "lora": (4, 128), "dpo": (4, 128), "decode": (8, 64),
+                      "grpo": (2, 64)}[row]
+    assert got["median_s"] > 0 and got["first_step_s"] > 0 and got["peak_rss_mb"] > 0
+    assert got["tokens_per_step"] == tokens(b, t)
+    assert got["tokens_per_s"] == pytest.approx(got["tokens_per_step"] / got["median_s"],
+                                                rel=1e-4)
+    if row in ("sft", "lora", "decode"):
+        assert got["tokens_per_s"] == pytest.approx(b * t / got["median_s"], rel=1e-4)
+    assert got["flops_per_step"] == round(formula(b, t))
+    assert got["ceiling_gflops"] > 0
+    assert 0 < got["mfu"] < 1
+    assert got["mfu"] == pytest.approx(
+        got["flops_per_step"] / got["median_s"] / (got["ceiling_gflops"] * 1e9), rel=1e-3)
+    if row == "dpo":
+        assert got["first_loss"] == pytest.approx(0.6931, abs=1e-3)  # policy == reference
+    if row == "grpo":
+        assert got["ref_in_update"] and got["update_s"] > 0 and got["rollout_s"] > 0
+
+
+def test_bad_shape_is_an_input_error(capsys):
+    assert main(["bench", "dpo", "--model", "tiny", "--seq", "8", "--prompt-len", "8"]) == 2
+    assert "--prompt-len" in capsys.readouterr().err
+    assert main(["bench", "sft", "--model", "tiny", "--batch", "0"]) == 2
+
+
+def test_help_has_examples(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "examples:" in out and "hone bench sft" in out

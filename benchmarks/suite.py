@@ -29,10 +29,15 @@ sys.path.insert(0, str(HERE))
 import _driver  # noqa: E402
 
 DRIVERS = ("decode", "train", "dpo", "grpo")  # the order they run in
-# (summary row, driver, the driver's row name, what is compared: "step" s or decode "tok/s")
+# (summary row, driver, the driver's row name, what is compared: "step" s or decode "tok/s").
+# A row name "X-bf16" is hone with bf16 compute (fp32 master weights, optimizer and loss),
+# compared with the others' fp32 row X (the issue's precision policy row).
 ROWS = (("sft", "train", "sft", "step"), ("lora", "train", "lora", "step"),
         ("dpo", "dpo", "dpo", "step"), ("decode batch 8", "decode", "decode-8", "tok/s"),
-        ("decode batch 32", "decode", "decode-32", "tok/s"), ("grpo", "grpo", "grpo", "step"))
+        ("decode batch 32", "decode", "decode-32", "tok/s"), ("grpo", "grpo", "grpo", "step"),
+        ("sft, hone bf16", "train", "sft-bf16", "step"),
+        ("lora, hone bf16", "train", "lora-bf16", "step"))
+DRIVER_FLAGS = {"train": ["--bf16"]}  # what each driver runs besides the shared flags
 IMPLS = ("hone", "tunix", "torch")
 GOALS = {"tunix": 2.0, "torch": 2.5}  # hone at least this many times faster
 NAMES = {"hone": "hone", "tunix": "Tunix", "torch": "PyTorch"}
@@ -55,7 +60,9 @@ def collect(last: dict[str, dict]) -> list[dict]:
     out = []
     for label, driver, name, kind in ROWS:
         records = last.get(driver, {}).get("records", [])
-        impls = {r["impl"]: r for r in records if r["row"] == name and r["impl"] in IMPLS}
+        base = name.removesuffix("-bf16")
+        impls = {r["impl"]: r for r in records if r["impl"] in IMPLS
+                 and r["row"] == (name if r["impl"] == "hone" else base)}
         out.append({"row": label, "kind": kind, "impls": impls,
                     "speedup": {o: speedup(kind, impls.get("hone"), impls.get(o))
                                 for o in GOALS}})
@@ -154,7 +161,8 @@ def run_driver(name: str, flags: list[str]) -> dict:
     time) and return the results it saved."""
     saved = _driver.LAST / f"{name}.json"
     saved.unlink(missing_ok=True)
-    cmd = [sys.executable, str(HERE / f"{name}.py"), "--write", *flags]
+    cmd = [sys.executable, str(HERE / f"{name}.py"), "--write", *flags,
+           *DRIVER_FLAGS.get(name, [])]
     print(f"== {' '.join(cmd[1:])}", flush=True)
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True)

@@ -19,6 +19,7 @@ import numpy as np
 from flax import nnx
 
 from hone.models.config import ModelConfig, RopeScaling
+from hone.models.matmul import matmul
 
 
 def param(rngs: nnx.Rngs | None, shape: tuple[int, ...], names: tuple[str, ...], dtype,
@@ -68,7 +69,10 @@ class Embedder(nnx.Module):
         return x
 
     def decode(self, x: jax.Array) -> jax.Array:  # [B, T, D] -> [B, T, V]
-        return jnp.einsum("BTD,VD->BTV", x, self.embedding[...])
+        table = self.embedding[...]
+        if x.dtype == table.dtype == jnp.bfloat16:  # float32 logits from the accumulator
+            return matmul(x, table.T, out_dtype=jnp.float32)
+        return jnp.einsum("BTD,VD->BTV", x, table)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> np.ndarray:

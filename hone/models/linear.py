@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hone.models.layers import param
+from hone.models.matmul import matmul
 
 if TYPE_CHECKING:
     from hone.models.lora import LoRA
@@ -56,7 +57,7 @@ class Linear(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         lead = x.shape[: x.ndim - len(self.in_shape)]
         x2 = x.reshape(lead + (self.in_features,))
-        y = jnp.dot(x2, self.weight())
+        y = matmul(x2, self.weight())
         if self.lora is not None:
             y = y + self.lora(x2).astype(y.dtype)
         return y.reshape(lead + self.out_shape)

@@ -22,7 +22,7 @@ LAST = {
     "train": {"rounds": 2, "repeats": 3, "records": [
         rec("hone", "sft", 1.0), rec("tunix", "sft", 2.5), rec("torch", "sft", 2.0),
         rec("hone", "lora", 1.0), rec("tunix", "lora", 1.5),
-        rec("hone", "sft-bf16", 0.5)]},  # not a summary row
+        rec("hone", "sft-bf16", 0.5)]},  # compared with the others' fp32 sft
     "decode": {"rounds": 2, "repeats": 3, "records": [
         rec("hone", "decode-8", 2.0, batch=8, tokens_per_s=300.0),
         rec("tunix", "decode-8", 6.0, batch=8, tokens_per_s=100.0),
@@ -41,7 +41,8 @@ def by_row():
 
 def test_speedups_and_goal_wording():
     rows = by_row()
-    assert list(rows) == ["sft", "lora", "dpo", "decode batch 8", "decode batch 32", "grpo"]
+    assert list(rows) == ["sft", "lora", "dpo", "decode batch 8", "decode batch 32", "grpo",
+                          "sft, hone bf16", "lora, hone bf16"]
     assert rows["sft"]["speedup"] == {"tunix": 2.5, "torch": 2.0}
     assert suite.goal_cell(rows["sft"]["speedup"]) == "2x Tunix: met; 2.5x PyTorch: NOT met"
     assert rows["lora"]["speedup"] == {"tunix": 1.5, "torch": None}
@@ -54,12 +55,14 @@ def test_speedups_and_goal_wording():
     assert rows["dpo"]["speedup"] == {"tunix": None, "torch": None}
     assert set(rows["grpo"]["impls"]) == {"hone", "tunix"}  # hone-beta0 is not hone
     assert abs(rows["grpo"]["speedup"]["tunix"] - 1.1) < 1e-9
+    assert rows["sft, hone bf16"]["speedup"] == {"tunix": 5.0, "torch": 4.0}
+    assert rows["lora, hone bf16"]["speedup"] == {"tunix": None, "torch": None}
 
 
 def test_table_and_section():
     rows = suite.collect(LAST)
     lines = suite.table(rows).splitlines()
-    assert len(lines) == 2 + 6
+    assert len(lines) == 2 + 8
     assert lines[2] == ("| sft | step s | 1.000 | 2.500 | 2.000 | 10.0 / 10.0 / 10.0 | "
                         "1000 / 1000 / 1000 | 2.50x | 2.00x | "
                         "2x Tunix: met; 2.5x PyTorch: NOT met |")
@@ -68,8 +71,9 @@ def test_table_and_section():
     text = suite.section(rows, LAST, "benchmarks/suite.py --quick")
     assert text.startswith("## Summary\n")
     assert "(results.png)" in text
-    # met: sft vs Tunix, decode 8 vs both; not: sft vs PyTorch, lora, decode 32, grpo (1.1x)
-    assert "3 of 7 measured comparisons met" in text
+    # met: sft vs Tunix, decode 8 vs both, sft bf16 vs both; not: sft vs PyTorch, lora,
+    # decode 32, grpo (1.1x)
+    assert "5 of 9 measured comparisons met" in text
 
 
 def test_chart_is_a_png(tmp_path):

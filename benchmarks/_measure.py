@@ -38,10 +38,12 @@ def _ints(ap: argparse.ArgumentParser, **defaults: int) -> argparse.ArgumentPars
     return ap
 
 
-def decode_args(description: str) -> argparse.Namespace:
+def decode_args(description: str, precision: bool = False) -> argparse.Namespace:
     """Options of the decode scripts; args.batches becomes a list of ints."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--batches", default="8,32")
+    if precision:
+        ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
     args = _ints(ap, prompt_len=32, new_tokens=64, repeats=5, seed=0).parse_args()
     args.batches = [int(x) for x in args.batches.split(",")]
     return args

@@ -8,6 +8,7 @@ table with the ratios hone/tunix and hone/torch, and with --write rewrites the "
 section of benchmarks/RESULTS.md.
 
     .venv/bin/python benchmarks/decode.py --write
+    .venv/bin/python benchmarks/decode.py --impls hone,tunix   # without hone-bf16 and torch
     .venv/bin/python benchmarks/decode.py --rounds 1 --repeats 1 --batches 2 --new-tokens 8  # smoke
 """
 
@@ -20,20 +21,25 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import _driver  # noqa: E402
 
-IMPLS = ("hone", "tunix", "torch")
+IMPLS = ("hone", "hone-bf16", "tunix", "torch")
 GOAL = 2.0  # hone's greedy decode at least 2x Tunix's tokens per second
 
 
 def jobs(impl: str, args) -> list[tuple[str, list[str]]]:
-    return [(impl, _driver.command(
-        impl, f"decode_{impl}.py", "--batches", args.batches, "--prompt-len", args.prompt_len,
-        "--new-tokens", args.new_tokens, "--repeats", args.repeats))]
+    """One process per implementation; hone-bf16 is decode_hone.py with bfloat16 weights."""
+    script = "hone" if impl == "hone-bf16" else impl
+    cmd = _driver.command(
+        impl, f"decode_{script}.py", "--batches", args.batches, "--prompt-len", args.prompt_len,
+        "--new-tokens", args.new_tokens, "--repeats", args.repeats)
+    return [(impl, cmd + (["--precision", "bf16"] if impl == "hone-bf16" else []))]
 
 
 def bullets(vers: dict) -> dict[str, str]:
     return {
         "hone": "- hone: `hone.generate(model, None, ids, temperature=0.0, eos_ids=())` on "
-                f"`hone.load_model(\"smollm2-135m\")`; jax {vers['jax']}, flax {vers['flax']}.",
+                f"`hone.load_model(\"smollm2-135m\")`; jax {vers['jax']}, flax {vers['flax']}. "
+                "hone-bf16: the same with bfloat16 weights "
+                "(`dtype=\"bfloat16\"`; float32 accumulation, float32 logits).",
         "tunix": "- tunix: `tunix.generate.sampler.Sampler` (greedy) on `tunix.models.llama3` "
                  f"Llama3; google-tunix {vers['tunix']}.",
         "torch": "- torch: transformers `LlamaForCausalLM.generate` (sdpa, 2 threads); torch "
@@ -92,16 +98,21 @@ def main():
     batches = [int(x) for x in args.batches.split(",")]
 
     rows = _driver.run_rounds(args, lambda impl: jobs(impl, args))
-    summary = summarize(rows, args.impls, batches, args.new_tokens)
-    _driver.save_last("decode", args, [{"impl": i, "row": f"decode-{b}", "batch": b, **s}
-                                       for (i, b), s in summary.items()])
+    impls = args.impls
+    summary = summarize(rows, impls, batches, args.new_tokens)
+    # hone-bf16 is saved as hone's row "decode-B-bf16" (the summary compares it with the
+    # others' fp32 "decode-B").
+    _driver.save_last("decode", args, [
+        {"impl": i.removesuffix("-bf16"), "row": f"decode-{b}" + ("-bf16" if i.endswith("-bf16")
+                                                                  else ""), "batch": b, **s}
+        for (i, b), s in summary.items()])
     settings = (f"greedy decode of {args.new_tokens} new tokens from {args.prompt_len}-token "
                 f"random prompts (all one length, no EOS), fp32; median over {args.rounds} "
                 f"round(s) of each process's median of {args.repeats} timed call(s) after one "
                 "first (compiling) call; processes run one at a time, order rotated per round.")
     _driver.report(args, _driver.section(
         args, "decode.py", settings, bullets(_driver.versions()),
-        [table(summary, args.impls, batches), ""], goal_lines(summary, batches)))
+        [table(summary, impls, batches), ""], goal_lines(summary, batches)))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ loaded once for every batch size. Prompts are random token-id lists, all of the 
 Prints one JSON line per batch size.
 
     .venv/bin/python benchmarks/decode_hone.py --repeats 5
+    .venv/bin/python benchmarks/decode_hone.py --precision bf16   # bfloat16 weights ("hone-bf16")
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from hone.bench.rows import decode_row
 
 
 def main():
-    args = decode_args(__doc__.splitlines()[0])
-    model = hone.load_model("smollm2-135m", seed=args.seed)
+    args = decode_args(__doc__.splitlines()[0], precision=True)
+    dtype = "bfloat16" if args.precision == "bf16" else "float32"
+    model = hone.load_model("smollm2-135m", seed=args.seed, dtype=dtype)
+    impl = "hone" if args.precision == "fp32" else f"hone-{args.precision}"
     for b in args.batches:
-        got = decode_row(model, b, args.prompt_len, args.new_tokens, args.repeats, "fp32",
-                         args.seed)
-        emit_decode("hone", b, args.new_tokens, got.first_s, got.median_s)
+        got = decode_row(model, b, args.prompt_len, args.new_tokens, args.repeats,
+                         args.precision, args.seed)
+        emit_decode(impl, b, args.new_tokens, got.first_s, got.median_s)
 
 
 if __name__ == "__main__":

@@ -84,7 +84,16 @@ def configure(state: dict[str, Any], section: GuardSection) -> dict[str, Any]:
     """`state` with the limits of `section` (the config in force, after a restore)."""
     if "guard" not in state:
         return state
-    return dict(state, guard=dict(state["guard"], limits=limits(section)))
+    return dict(state, guard=dict(state["guard"],
+                                  limits=_placed_like(limits(section), state["guard"]["limits"])))
+
+
+def _placed_like(new, old):
+    """`new`'s scalars on the devices of the `old` ones they replace (replicated on a mesh,
+    committed after a restore, as the step returns them). A scalar placed otherwise is another
+    input type, and the step would be compiled once for the first call and again for the rest."""
+    return jax.tree.map(lambda n, o: jax.device_put(n, o.sharding)
+                        if getattr(o, "committed", False) else n, new, old)
 
 
 def guard_update(old: dict[str, Any], new: dict[str, Any], loss: jax.Array,
@@ -158,4 +167,4 @@ def rollback(tripped_state: dict[str, Any], restored: dict[str, Any], section: G
                  skipped=jnp.asarray(int(g["skipped"]), jnp.int32),
                  streak=jnp.zeros((), jnp.int32), tripped=jnp.zeros((), jnp.int32),
                  limits=limits(section))
-    return dict(restored, guard=guard)
+    return dict(restored, guard=_placed_like(guard, restored["guard"]))

@@ -53,6 +53,20 @@ def _dotted_keys(tree: dict, prefix: str = "") -> list[str]:
     return keys
 
 
+_DUMPED: dict[str, str] = {}  # repr(value) -> its YAML text
+
+
+def _dump(value) -> str:
+    """A schema value as one line of YAML. Written once per value: every case writes a whole
+    config, and PyYAML's pure-Python dumper took some 15% of this file's run time. (repr tells
+    apart every value a schema holds: True from 1, 1 from 1.0, a list from its text.)"""
+    key = repr(value)
+    if key not in _DUMPED:
+        _DUMPED[key] = (yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+                        .removesuffix("\n...").removesuffix("..."))
+    return _DUMPED[key]
+
+
 def _yaml_text(tree: dict, replaced: dict[str, str], indent: str = "", prefix: str = "") -> str:
     """The config as YAML lines, with the values at `replaced` keys written as raw text."""
     lines = []
@@ -65,9 +79,7 @@ def _yaml_text(tree: dict, replaced: dict[str, str], indent: str = "", prefix: s
             lines.append(f"{indent}{name}:")
             lines.append(_yaml_text(value, replaced, indent + "  ", key + "."))
         else:
-            lines.append(f"{indent}{name}: " + yaml.safe_dump(value, default_flow_style=True,
-                                                               width=10**6).strip()
-                         .removesuffix("\n...").removesuffix("..."))
+            lines.append(f"{indent}{name}: {_dump(value)}")
     return "\n".join(line for line in lines if line)
 
 

@@ -168,3 +168,23 @@ def test_kl_overshoot_rolls_back_an_rl_run(tmp_path, monkeypatch):
     assert all(r["kl"] < 10 for r in logged if r is not logged[4])
     assert logged[-1]["guard/lr_scale"] == pytest.approx(0.8)
     assert int(state["step"]) == 7 and finite(state)
+
+
+def test_configured_limits_keep_the_placement_of_the_ones_they_replace():
+    """A restored state (or one on a mesh) is committed to its devices, as the step's outputs
+    are; limits (or, after a rollback, counters) written into it uncommitted would be another
+    input type, and the step would be compiled twice: once for the first call, again for the
+    state it returns."""
+    from hone.config.schema import GuardSection
+    from hone.train.guards import configure, init_state, rollback
+    placed = jax.device_put(init_state(), jax.devices()[0])
+    state = configure({"guard": placed}, GuardSection(max_skips=7))
+    assert int(state["guard"]["limits"]["max_skips"]) == 7
+    for key, limit in state["guard"]["limits"].items():
+        assert limit.committed and limit.sharding == placed["limits"][key].sharding, key
+    rolled = rollback(state, state, GuardSection(), reason=1, step=8, restored_step=4)
+    assert int(rolled["guard"]["rollbacks"]) == 1
+    assert all(x.committed for x in jax.tree.leaves(rolled["guard"]))
+    # A fresh state stays uncommitted, as the arrays beside it are.
+    fresh = configure({"guard": init_state()}, GuardSection())
+    assert not any(x.committed for x in jax.tree.leaves(fresh))

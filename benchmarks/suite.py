@@ -12,6 +12,7 @@ and the chart benchmarks/results.png of the speed-ups.
     make bench                                   # the drivers' own rounds and repeats
     make bench BENCH_FLAGS="--rounds 3 --repeats 5"
     .venv/bin/python benchmarks/suite.py --quick  # one round, one repeat: a smoke run
+    .venv/bin/python benchmarks/suite.py --summary-only  # after rerunning one driver alone
 """
 
 from __future__ import annotations
@@ -148,8 +149,10 @@ def section(rows: list[dict], last: dict[str, dict], command: str) -> str:
     return "\n".join([
         "## Summary", "",
         f"Measured {datetime.date.today().isoformat()} with `{command}` ({runs}); every number "
-        "comes from the sections below, taken in this same run. measure: the median step time "
-        "(s, lower is better) or, for decode, tokens per second (higher is better). hone/tunix "
+        "comes from the sections below (each driver's run, dated in its section). measure: the "
+        "median step time (s, lower is better) or, for decode, tokens per second (higher is "
+        "better). The bf16 rows are hone with bfloat16 compute (float32 master weights, "
+        "optimizer and loss; decode: bfloat16 weights) against the others' float32. hone/tunix "
         "and hone/torch: how many times faster hone is (step time ratio, or tokens-per-second "
         "ratio). PyTorch has no GRPO row.", "",
         table(rows), "",
@@ -179,12 +182,20 @@ def main():
     ap.add_argument("--rounds", type=int, default=None, help="passed to every driver")
     ap.add_argument("--repeats", type=int, default=None, help="passed to every driver")
     ap.add_argument("--quick", action="store_true", help="--rounds 1 --repeats 1 (smoke run)")
+    ap.add_argument("--summary-only", action="store_true",
+                    help="run no driver: rewrite the summary from the results the drivers last "
+                    "saved (after rerunning one driver alone, e.g. decode.py --write)")
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.repeats = 1, 1
     flags = [f for name in ("rounds", "repeats") if getattr(args, name) is not None
              for f in (f"--{name}", str(getattr(args, name)))]
-    last = {name: run_driver(name, flags) for name in DRIVERS}
+    if args.summary_only:
+        last = {name: json.loads((_driver.LAST / f"{name}.json").read_text())
+                for name in DRIVERS if (_driver.LAST / f"{name}.json").exists()}
+        flags = ["--summary-only"]
+    else:
+        last = {name: run_driver(name, flags) for name in DRIVERS}
     rows = collect(last)
     text = section(rows, last, " ".join(["benchmarks/suite.py", *flags]))
     chart(rows, CHART)

@@ -114,7 +114,7 @@ def chart(rows: list[dict], path: Path = CHART) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig, ax = plt.subplots(figsize=(12, 5))
     width = 0.38
     xs = range(len(rows))
     for k, (other, color) in enumerate((("tunix", "tab:blue"), ("torch", "tab:orange"))):
@@ -130,7 +130,7 @@ def chart(rows: list[dict], path: Path = CHART) -> Path:
     ax.axhline(1.0, color="gray", linewidth=0.8)
     top = max([r["speedup"][o] or 0.0 for r in rows for o in GOALS] + list(GOALS.values()))
     ax.set_ylim(0, top * 1.25)  # room for the labels and the legend above the bars
-    ax.set_xticks(list(xs), [r["row"] for r in rows])
+    ax.set_xticks(list(xs), [r["row"].replace(", ", "\n") for r in rows], fontsize=8)
     ax.set_ylabel("hone speed-up (x)")
     ax.set_title("hone's speed-up per benchmark row (higher is better)")
     ax.legend(fontsize=8, loc="upper right")

@@ -102,10 +102,12 @@ def main():
     summary = summarize(rows, impls, batches, args.new_tokens)
     # hone-bf16 is saved as hone's row "decode-B-bf16" (the summary compares it with the
     # others' fp32 "decode-B").
-    _driver.save_last("decode", args, [
-        {"impl": i.removesuffix("-bf16"), "row": f"decode-{b}" + ("-bf16" if i.endswith("-bf16")
-                                                                  else ""), "batch": b, **s}
-        for (i, b), s in summary.items()])
+    records = []
+    for (impl, b), s in summary.items():
+        bf16 = impl == "hone-bf16"
+        records.append({"impl": "hone" if bf16 else impl,
+                        "row": f"decode-{b}-bf16" if bf16 else f"decode-{b}", "batch": b, **s})
+    _driver.save_last("decode", args, records)
     settings = (f"greedy decode of {args.new_tokens} new tokens from {args.prompt_len}-token "
                 f"random prompts (all one length, no EOS), fp32; median over {args.rounds} "
                 f"round(s) of each process's median of {args.repeats} timed call(s) after one "

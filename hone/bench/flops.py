@@ -32,8 +32,7 @@ from __future__ import annotations
 
 def matmul_params(cfg) -> int:
     """N: every parameter but the input embedding gather; the LM head's matmul counted once."""
-    embedding = cfg.vocab_size * cfg.hidden_size
-    return cfg.num_params() - (0 if cfg.tie_embeddings else embedding)
+    return cfg.matmul_params()
 
 
 def attention_width(cfg) -> int:

@@ -195,8 +195,7 @@ def decode_row(model="smollm2-135m", batch: int = 8, prompt_len: int = 32,
         model = hone.load_model(model, dtype="bfloat16" if precision == "bf16" else "float32",
                                 seed=seed)
     if precision == "fp32":
-        dtypes = {x.dtype for x in jax.tree.leaves(model) if hasattr(x, "dtype")}
-        assert dtypes <= {jnp.dtype(jnp.float32)}, dtypes
+        assert_fp32(model)
     cfg = model.config
     prompts = np.random.default_rng(seed).integers(
         3, cfg.vocab_size, size=(batch, prompt_len)).tolist()

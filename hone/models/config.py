@@ -96,12 +96,16 @@ class ModelConfig:
         per_layer = attn + 3 * d * f + norms
         return v * d * (1 if self.tie_embeddings else 2) + self.num_layers * per_layer + d
 
+    def matmul_params(self) -> int:
+        """Weights that multiply: every parameter but the input embedding table (a gather),
+        with the LM head counted once (tied: the table is that head)."""
+        return self.num_params() - self.vocab_size * self.hidden_size * (
+            0 if self.tie_embeddings else 1)
+
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token: 6 per matmul weight plus attention scores and values."""
-        n_matmul = self.num_params() - self.vocab_size * self.hidden_size * (
-            0 if self.tie_embeddings else 1)
         attn = 6 * 2 * self.num_layers * self.num_heads * self.head_dim * seq_len / 2
-        return 6.0 * n_matmul + attn
+        return 6.0 * self.matmul_params() + attn
 
 
 def _pattern(num_layers: int, every: int) -> tuple[str, ...]:

@@ -44,6 +44,7 @@ examples:
   hone bench sft
   hone bench lora --precision bf16 --steps 10
   hone bench decode --batch 32
+  hone bench dpo --two-rows
   hone bench grpo --model tiny --steps 2 --beta 0"""
 
 
@@ -65,6 +66,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="timed steps after the first (compiling) one (default 5)")
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
                    help="bf16: bf16 compute, fp32 weights (decode: bf16 weights)")
+    p.add_argument("--two-rows", action="store_true",
+                   help="dpo: score each pair as two rows (prompt + chosen, prompt + rejected), "
+                   "as Tunix and PyTorch do, instead of one row with the prompt shared")
     p.add_argument("--seed", type=int, default=0)
     return p
 
@@ -112,7 +116,8 @@ def measure(args, log: Callable = print):
     if args.row in ("sft", "lora"):
         got = train_row(args.row, batch=batch, seq=seq, **common)
     elif args.row == "dpo":
-        got = dpo_row(pairs=batch, prompt_len=prompt, completion_len=seq - prompt, **common)
+        got = dpo_row(pairs=batch, prompt_len=prompt, completion_len=seq - prompt,
+                      shared_prompt=not args.two_rows, **common)
     elif args.row == "decode":
         got = decode_row(batch=batch, prompt_len=prompt, new_tokens=seq, **common)
     else:
@@ -138,6 +143,8 @@ def result(args, got, batch: int, seq: int, prompt: int, ceiling_gflops: float) 
            "mfu": _sig(got.flops / got.median_s / (ceiling_gflops * 1e9), 4)}
     if args.row in ("dpo", "decode", "grpo"):
         out["prompt_len"] = prompt
+    if args.row == "dpo":
+        out["shared_prompt"] = not args.two_rows
     if args.row == "grpo":
         out["generations"] = args.generations
     if got.first_loss is not None:

@@ -19,6 +19,12 @@ width), T = sequence length, P = prompt length, M = new tokens, B = rows, r = Lo
 - DPO: the policy trains on all 2B x T tokens (completion-only loss, but every token runs
   forward and backward), and the frozen reference runs one forward over the same tokens:
   (train + 2N + 4 x L x A x T) per token.
+- DPO with the prompt shared (hone's default layout, `hone.data.shared_prefix`): each pair is one
+  row of S = P + 2C tokens through the blocks, and the LM head (H = V x D weights) runs only at
+  the 2C slots that predict answer tokens; attention is charged the full row S (the dense masked
+  kernel's work): per pair, training (6(N - H) + 12LAS) x S + 6H x 2C, reference forward
+  (2(N - H) + 4LAS) x S + 2H x 2C. These are the FLOPs hone executes, so its `mfu` stays an
+  efficiency; the work (tokens per second) is still counted as 2B x (P + C) tokens.
 - Decode: prefill runs the P prompt tokens (each attending to P positions), then each generated
   token but the last is fed back (the i-th, i = 1..M-1, attending to P + i cached positions):
   B x [P x (2N + 4LAP) + sum_i (2N + 4LA(P + i))]. The last token's logits come from the step
@@ -72,6 +78,18 @@ def dpo_flops(cfg, pairs: int, seq: int, n_lora: int | None = None) -> float:
     forward over the same tokens."""
     per_token = train_flops_per_token(cfg, seq, n_lora) + forward_flops_per_token(cfg, seq)
     return 2 * pairs * seq * per_token
+
+
+def shared_dpo_flops(cfg, pairs: int, prompt_len: int, completion_len: int) -> float:
+    """One DPO step in the shared-prompt layout (module docstring): policy update + reference
+    forward over B rows of P + 2C tokens, the LM head only on the 2C scored slots."""
+    head = cfg.vocab_size * cfg.hidden_size
+    body = matmul_params(cfg) - head
+    row = prompt_len + 2 * completion_len
+    attn = attention_width(cfg) * row
+    per_pair = ((6.0 * body + 12.0 * attn) * row + 6.0 * head * 2 * completion_len
+                + (2.0 * body + 4.0 * attn) * row + 2.0 * head * 2 * completion_len)
+    return pairs * per_pair
 
 
 def decode_flops(cfg, batch: int, prompt_len: int, new_tokens: int) -> float:

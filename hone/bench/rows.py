@@ -11,8 +11,10 @@ init for a preset such as `smollm2-135m` or `tiny`):
   T random ids, all real tokens, the loss on all B x T; the same batch every step.
 - dpo: what `run_dpo` wires: `build_model(cfg)`, `compile_steps(cfg, model, nnx.Param,
   make_dpo_loss(cfg, "copy"), pair_count)` and the frozen copy of the initial weights as the
-  step's aux; sigmoid DPO, beta 0.1. Batch: B pairs of a P-token prompt + a C-token completion
-  in hone's pair layout ([2B, P + C], rows 0..B-1 chosen), loss on the completions.
+  step's aux; sigmoid DPO, beta 0.1. Batch: B pairs of a P-token prompt + two C-token
+  completions in the layout `run_dpo` uses by default: one row [prompt | chosen | rejected] per
+  pair (`hone.data.shared_prefix`; `shared_prompt=False`: two rows [2B, P + C], as Tunix and
+  PyTorch run it), loss on the completions.
 - decode: `hone.generate(model, None, prompts, temperature=0.0, eos_ids=())`: greedy, no EOS, so
   every row runs to M new tokens.
 
@@ -132,21 +134,28 @@ def train_row(row: str, model: str = "smollm2-135m", batch: int = 4, seq: int = 
 
 
 def dpo_batch(rng: np.random.Generator, pairs: int, prompt_len: int, completion_len: int,
-              vocab: int) -> dict:
-    """B random pairs in hone's layout: [2B, P + C] rows, loss on the C completion tokens."""
+              vocab: int, shared_prompt: bool = True) -> dict:
+    """B random pairs in one of hone's layouts, loss on the C completion tokens of each side:
+    [B, P + 2C] shared-prompt rows, or [2B, P + C] rows."""
     from hone.data.preference import Pair, pair_batch, pair_rows
+    from hone.data.shared_prefix import shared_rows
     draw = lambda n: rng.integers(3, vocab, size=n).astype(np.int32)  # noqa: E731
     made = [Pair(draw(prompt_len), draw(completion_len), draw(completion_len))
             for _ in range(pairs)]
-    batch = pair_batch(pair_rows(made, prompt_len + completion_len, DPO_PAD_ID))
-    assert batch["tokens"].shape == (2 * pairs, prompt_len + completion_len)
-    assert batch["loss_mask"].sum() == 2 * pairs * completion_len
+    if shared_prompt:
+        batch = shared_rows(made, DPO_PAD_ID, length=prompt_len + 2 * completion_len,
+                            width=completion_len)
+        assert batch["score_mask"].sum() == 2 * pairs * completion_len
+    else:
+        batch = pair_batch(pair_rows(made, prompt_len + completion_len, DPO_PAD_ID))
+        assert batch["tokens"].shape == (2 * pairs, prompt_len + completion_len)
+        assert batch["loss_mask"].sum() == 2 * pairs * completion_len
     return {k: jnp.asarray(v) for k, v in batch.items()}
 
 
 def dpo_row(model: str = "smollm2-135m", pairs: int = 4, prompt_len: int = 64,
             completion_len: int = 64, repeats: int = 5, precision: str = "fp32", seed: int = 0,
-            log: Callable = quiet) -> Measured:
+            shared_prompt: bool = True, log: Callable = quiet) -> Measured:
     """One DPO step: policy and frozen-copy reference over 2 x pairs sequences."""
     from hone.config import DPOConfig
     from hone.config.schema import DPOSection, ModelSection, TrainSection
@@ -156,13 +165,14 @@ def dpo_row(model: str = "smollm2-135m", pairs: int = 4, prompt_len: int = 64,
 
     seq = prompt_len + completion_len
     log(f"dpo: building {model}, {pairs} pairs of {prompt_len} + {completion_len} tokens, "
-        f"{precision}")
+        f"{precision}, {'shared prompt' if shared_prompt else 'two rows per pair'}")
     cfg = DPOConfig(
         model=ModelSection(source=model, dtype="float32"),
         train=TrainSection(batch_size=pairs, grad_accum=1, lr=1e-4, schedule="constant",
                            weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-8, max_grad_norm=1.0,
                            seed=seed, precision=precision),
-        dpo=DPOSection(loss_type="sigmoid", beta=0.1, reference="copy"))
+        dpo=DPOSection(loss_type="sigmoid", beta=0.1, reference="copy",
+                       shared_prompt=shared_prompt))
     net, trainable = build_model(cfg, log=quiet)
     assert trainable is nnx.Param
     assert_fp32(net)
@@ -171,7 +181,7 @@ def dpo_row(model: str = "smollm2-135m", pairs: int = 4, prompt_len: int = 64,
                                                  make_dpo_loss(cfg, "copy"), pair_count)
     aux = jax.tree.map(jnp.copy, state["params"])  # the frozen reference, as run_dpo makes it
     data = dpo_batch(np.random.default_rng(seed), pairs, prompt_len, completion_len,
-                     arch.vocab_size)
+                     arch.vocab_size, shared_prompt)
     del net
 
     def one():
@@ -180,7 +190,9 @@ def dpo_row(model: str = "smollm2-135m", pairs: int = 4, prompt_len: int = 64,
         return metrics
 
     first, med, loss0 = _timed_steps(one, repeats, log)
-    return Measured(first, med, 2 * pairs * seq, flops.dpo_flops(arch, pairs, seq), loss0)
+    done = (flops.shared_dpo_flops(arch, pairs, prompt_len, completion_len) if shared_prompt
+            else flops.dpo_flops(arch, pairs, seq))
+    return Measured(first, med, 2 * pairs * seq, done, loss0)
 
 
 def decode_row(model="smollm2-135m", batch: int = 8, prompt_len: int = 32,

@@ -275,6 +275,10 @@ class DPOSection:
     # run_dir/reference_logps.npz), or "auto" (adapters_off with LoRA, else copy).
     reference: str = field(default="auto", metadata={
         "choices": ("auto", "copy", "adapters_off", "precomputed")})
+    # Score each pair's prompt once: one row [prompt | chosen | rejected] in which the answers
+    # cannot see each other, and the LM head only where answer tokens are predicted. The same
+    # log-probabilities as two rows per pair (to float rounding) for fewer FLOPs; false: two rows.
+    shared_prompt: bool = True
 
 
 @dataclass(frozen=True)
@@ -302,6 +306,10 @@ class RewardSection:
     margin: float | None = None
     # Reward centering: coef * mean((r_chosen + r_rejected)^2) keeps rewards near zero.
     center_coef: float = field(default=0.0, metadata={"min": 0.0})
+    # Score each pair's prompt once: one row [prompt | chosen | rejected] in which the answers
+    # cannot see each other, each reward read at its answer's last token. The same rewards as
+    # two rows per pair (to float rounding) for fewer FLOPs; false: two rows.
+    shared_prompt: bool = True
 
 
 @dataclass(frozen=True)

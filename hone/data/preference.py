@@ -23,6 +23,10 @@ Record formats (decided once, from the first record; every record must then foll
 - "conversational" (TRL's): `prompt` is a list of messages; `chosen`/`rejected` are each a string or
   a list of one assistant message.
 
+With `shared_prompt=True` each pair is instead ONE row [prompt | chosen | rejected] whose
+prompt is computed once (`hone.data.shared_prefix`: the arrays, the mask and why it is exact);
+batches are then [B, S] rows plus [B, 2, K] score arrays, and every array has the pair axis first.
+
 Design choices:
 - A plain-text prompt IS put in the chat template here, unlike SFT's prompt/completion. Preference
   tuning follows SFT on a chat model (builtin:arithmetic-pref follows builtin:arithmetic's chat
@@ -61,6 +65,7 @@ import numpy as np
 
 from hone.data.collate import KEYS, empty_rows, pad_rows
 from hone.data.loader import TrainIterator, check_batch_size, load_records, ordered_batches
+from hone.data.shared_prefix import ROW_KEYS, SCORE_KEYS, empty_shared, shared_rows
 from hone.data.sft import (Example, Stats, Where, chat_tokens, check_options, parse_messages,
                            prompt_completion_tokens)
 from hone.errors import InputError
@@ -209,12 +214,13 @@ class PreferenceData:
 
     Attributes: `pairs` (dict of numpy arrays with a leading pair axis N; see the module
     docstring), `stats` (a `PairStats`), `format` ('text' or 'conversational'), `num_pairs`,
-    `max_length`, `pad_id`, `batch_size` and `seed` (the defaults of `iterator()`/`batches()`).
+    `max_length`, `pad_id`, `batch_size` and `seed` (the defaults of `iterator()`/`batches()`),
+    and `shared_prompt` (the one-row layout of `hone.data.shared_prefix`).
     """
 
     def __init__(self, path: str, tokenizer, *, max_length: int = 256, overlong: str = "truncate",
                  max_records: int | None = None, batch_size: int = 8, seed: int = 0,
-                 records: list[dict] | None = None):
+                 records: list[dict] | None = None, shared_prompt: bool = False):
         """Read `path` (or use `records`, with `path` naming them in messages) and build pairs."""
         check_options(max_length=max_length, overlong=overlong)
         self.batch_size = check_batch_size(batch_size)
@@ -231,7 +237,9 @@ class PreferenceData:
         pairs = [pair for pair in pairs if pair is not None]
         if not pairs:
             raise InputError(f"no pair is left to train on ({self.stats})", path=path)
-        self.pairs = pair_rows(pairs, max_length, self.pad_id)
+        self.shared_prompt = bool(shared_prompt)
+        self.pairs = (shared_rows(pairs, self.pad_id) if self.shared_prompt
+                      else pair_rows(pairs, max_length, self.pad_id))
         self.num_pairs = len(pairs)
 
     def add_pair_arrays(self, **arrays: np.ndarray) -> None:
@@ -239,7 +247,7 @@ class PreferenceData:
         precomputed reference log-probs; they arrive in every later batch as [B, ...]."""
         for key, value in arrays.items():
             value = np.asarray(value)
-            if key in KEYS or key == "pair_valid":
+            if key in KEYS or key in ROW_KEYS or key in SCORE_KEYS or key == "pair_valid":
                 raise ValueError(f"{key!r} is a built-in batch key; pick another name")
             if value.shape[:1] != (self.num_pairs,):
                 raise ValueError(f"{key!r} has shape {value.shape}; it needs a leading axis of "
@@ -249,19 +257,21 @@ class PreferenceData:
     @property
     def num_target_tokens(self) -> int:
         """Completion tokens over all pairs, both sides (one epoch)."""
-        return int(self.pairs["loss_mask"].sum())
+        return int(self.pairs["score_mask" if self.shared_prompt else "loss_mask"].sum())
 
     def describe(self) -> str:
         """One line for the log: where the pairs came from and what the policies did."""
+        rows = (f"1 row of {self.pairs['tokens'].shape[1]} (prompt shared)" if self.shared_prompt
+                else f"2 rows of {self.max_length}")
         return (f"{self.path}: {self.format} preference pairs, {self.stats}; {self.num_pairs} "
-                f"pairs of 2 rows of {self.max_length}, {self.num_target_tokens} completion "
-                "tokens per epoch")
+                f"pairs of {rows}, {self.num_target_tokens} completion tokens per epoch")
 
     def iterator(self, batch_size: int | None = None, seed: int | None = None) -> TrainIterator:
         """Endless batches of shuffled pairs ([2B, L] rows; see `hone.data.loader.TrainIterator`
         for get_state/set_state); defaults from the constructor."""
         return TrainIterator(self.pairs, self.batch_size if batch_size is None else batch_size,
-                             self.seed if seed is None else seed, transform=pair_batch)
+                             self.seed if seed is None else seed,
+                             transform=None if self.shared_prompt else pair_batch)
 
     def num_batches(self, batch_size: int | None = None) -> int:
         """How many batches `batches()` yields: ceil(num_pairs / batch_size)."""
@@ -276,12 +286,18 @@ class PreferenceData:
         count = self.num_batches(batch_size)
         if max_batches is not None:
             count = min(count, max_batches)
-        return map(pair_batch, ordered_batches(self.pairs, batch_size, count, self._padding))
+        batches = ordered_batches(self.pairs, batch_size, count, self._padding)
+        return batches if self.shared_prompt else map(pair_batch, batches)
 
     def _padding(self, count: int) -> dict[str, np.ndarray]:
         """`count` padding pairs: all-padding rows, and zeros in every per-pair array."""
-        rows = empty_rows(2 * count, self.max_length, self.pad_id)
-        padding = {key: value.reshape(count, 2, self.max_length) for key, value in rows.items()}
+        if self.shared_prompt:
+            _, length = self.pairs["tokens"].shape
+            padding = empty_shared(count, length, self.pairs["score_index"].shape[2], self.pad_id)
+        else:
+            rows = empty_rows(2 * count, self.max_length, self.pad_id)
+            padding = {key: value.reshape(count, 2, self.max_length)
+                       for key, value in rows.items()}
         for key, value in self.pairs.items():
             padding.setdefault(key, np.zeros((count, *value.shape[1:]), value.dtype))
         return padding

@@ -22,13 +22,15 @@ _MASKED = float(jnp.finfo(jnp.float32).min)
 
 def make_mask(q_index: jax.Array, k_index: jax.Array, k_valid: jax.Array,
               window: int | None, q_segment: jax.Array | None = None,
-              k_segment: jax.Array | None = None) -> jax.Array:
+              k_segment: jax.Array | None = None, q_branch: jax.Array | None = None,
+              k_branch: jax.Array | None = None) -> jax.Array:
     """Boolean [B, T, S]: may query t see key s?
 
     q_index [B, T] / k_index [B, S]: slot of each token in the (cached) sequence, which orders
     causality and measures window distance; k_valid [B, S]: key is a real token (not padding,
     already written to the cache). With segments (packed documents) only equal segments see
-    each other.
+    each other. With branches (several continuations of one shared prefix in a row) a key of
+    branch 0 (the prefix) is seen by every branch, any other key only by its own branch.
     """
     diff = q_index[:, :, None] - k_index[:, None, :]  # [B, T, S]
     mask = (diff >= 0) & k_valid[:, None, :]
@@ -36,6 +38,8 @@ def make_mask(q_index: jax.Array, k_index: jax.Array, k_valid: jax.Array,
         mask &= diff < window
     if q_segment is not None:
         mask &= q_segment[:, :, None] == k_segment[:, None, :]
+    if q_branch is not None:
+        mask &= (k_branch[:, None, :] == 0) | (q_branch[:, :, None] == k_branch[:, None, :])
     return mask
 
 

@@ -53,6 +53,23 @@ class RewardModel(nnx.Module):
         picked = hidden[jnp.arange(b), last]  # [B, D]
         return self.head(picked)[:, 0].astype(jnp.float32)
 
+    def branch_rewards(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array,
+                       segment_ids: jax.Array, branch_ids: jax.Array,
+                       branches: int = 2) -> jax.Array:
+        """Rewards [B, branches] of rows holding one shared prompt and several answers
+        (`hone.data.shared_prefix`; branch_ids 1..branches): each read at its answer's last
+        token, which sees the prompt and that answer only, so it equals the reward of the
+        prompt + answer row alone."""
+        hidden = self.backbone.hidden(tokens, positions, attention_mask, segment_ids,
+                                      branch_ids=branch_ids)
+        b, t = tokens.shape
+        slots = jnp.arange(t)[None, None, :]
+        mine = ((branch_ids[:, None, :] == jnp.arange(1, branches + 1)[None, :, None])
+                & attention_mask.astype(jnp.bool_)[:, None, :])   # [B, branches, T]
+        last = jnp.max(jnp.where(mine, slots, 0), axis=2)        # [B, branches]
+        picked = jnp.take_along_axis(hidden, last[..., None], axis=1)  # [B, branches, D]
+        return self.head(picked)[..., 0].astype(jnp.float32)
+
 
 def save_reward_model(model: RewardModel, out_dir: str | Path, tokenizer=None) -> Path:
     """A Hugging Face sequence-classification folder (num_labels=1) that transformers loads."""

@@ -108,18 +108,25 @@ class Transformer(nnx.Module):
     # --- full forward -------------------------------------------------------------------------
     def hidden(self, tokens: jax.Array, positions: jax.Array | None = None,
                attention_mask: jax.Array | None = None,
-               segment_ids: jax.Array | None = None) -> jax.Array:
+               segment_ids: jax.Array | None = None, *,
+               branch_ids: jax.Array | None = None) -> jax.Array:
         """Final-normed hidden states [B, T, D].
 
         attention_mask [B, T]: 1 for real tokens (padding may sit on either side). positions
         default to the count of real tokens before each one, which is right for left and right
         padding alike. segment_ids [B, T] (packing): tokens attend only within their segment.
+        branch_ids [B, T] (a shared prefix scored once, `hone.data.shared_prefix`): 0 on the
+        prefix, b >= 1 on the b-th continuation, which sees the prefix and itself only; needs
+        explicit positions (each continuation's restart where the prefix ends), which then
+        order causality and window distance instead of the slots.
         """
-        return self.features(tokens, positions, attention_mask, segment_ids)[0]
+        return self.features(tokens, positions, attention_mask, segment_ids,
+                             branch_ids=branch_ids)[0]
 
     def features(self, tokens: jax.Array, positions: jax.Array | None = None,
                  attention_mask: jax.Array | None = None, segment_ids: jax.Array | None = None,
-                 *, hidden_layers: tuple[int, ...] = (), attention_layers: tuple[int, ...] = ()):
+                 *, hidden_layers: tuple[int, ...] = (), attention_layers: tuple[int, ...] = (),
+                 branch_ids: jax.Array | None = None):
         """(final-normed hidden [B, T, D], {"hidden": {l: [B, T, D]}, "attention": {l: [B, N,
         T, T]}}) from one forward pass: the intermediate activations distillation matches.
 
@@ -136,11 +143,15 @@ class Transformer(nnx.Module):
         b, t = tokens.shape
         valid = (jnp.ones((b, t), jnp.bool_) if attention_mask is None
                  else attention_mask.astype(jnp.bool_))
+        if branch_ids is not None and positions is None:
+            raise ValueError("features: branch_ids need explicit positions (each branch "
+                             "continues from the end of the shared prefix)")
         if positions is None:
             positions = jnp.maximum(jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1, 0)
-        index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None, :], (b, t))
+        index = (positions if branch_ids is not None else
+                 jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None, :], (b, t)))
         masks = {kind: make_mask(index, index, valid, self.window_for(kind),
-                                 segment_ids, segment_ids)
+                                 segment_ids, segment_ids, branch_ids, branch_ids)
                  for kind in set(self.config.layer_types)}
         ropes = self.rope_for(positions)
         x = self.embedder.encode(tokens)
@@ -177,5 +188,7 @@ class Transformer(nnx.Module):
 
     def __call__(self, tokens: jax.Array, positions: jax.Array | None = None,
                  attention_mask: jax.Array | None = None,
-                 segment_ids: jax.Array | None = None) -> jax.Array:
-        return self.logits_from_hidden(self.hidden(tokens, positions, attention_mask, segment_ids))
+                 segment_ids: jax.Array | None = None, *,
+                 branch_ids: jax.Array | None = None) -> jax.Array:
+        return self.logits_from_hidden(self.hidden(tokens, positions, attention_mask, segment_ids,
+                                                   branch_ids=branch_ids))

@@ -29,12 +29,12 @@ def open_run(cfg) -> Path:
     return run_dir
 
 
-def load_pairs(cfg, tokenizer, log):
+def load_pairs(cfg, tokenizer, log, shared_prompt: bool = False):
     """(training pairs, held-out pairs or None) for a preference config."""
     from hone.data.preference import PreferenceData
     d = cfg.data
     kw = dict(max_length=d.max_length, overlong=d.overlong, max_records=d.max_records,
-              batch_size=cfg.train.batch_size, seed=cfg.train.seed)
+              batch_size=cfg.train.batch_size, seed=cfg.train.seed, shared_prompt=shared_prompt)
     train = PreferenceData(d.path, tokenizer, **kw)
     log(f"data: {train.describe()}")
     held_out = PreferenceData(d.eval_path, tokenizer, **kw) if d.eval_path else None

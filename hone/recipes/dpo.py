@@ -47,13 +47,33 @@ def reference_mode(cfg: DPOConfig) -> str | None:
 
 
 def _sequence_logps(model, mb):
-    """Per-sequence summed and length-averaged completion log-probs [2B], and lengths."""
+    """Per-sequence summed and length-averaged completion log-probs [2B] (chosen, then
+    rejected), and lengths; from either batch layout (two rows per pair, or one shared row)."""
+    if "branch_ids" in mb:
+        return _shared_sequence_logps(model, mb)
     logits = model(mb["tokens"], positions=mb["positions"], attention_mask=mb["attention_mask"],
                    segment_ids=mb["segment_ids"])
     token_lp = token_logprobs(logits, mb["targets"])
     mask = mb["loss_mask"]
     return (sequence_logprobs(token_lp, mask), sequence_logprobs(token_lp, mask, average=True),
             jnp.sum(mask, axis=-1))
+
+
+def _shared_sequence_logps(model, mb):
+    """The same from [prompt | chosen | rejected] rows (`hone.data.shared_prefix`): one forward
+    pass over each row, then the LM head only at the slots that predict answer tokens."""
+    hidden = model.hidden(mb["tokens"], positions=mb["positions"],
+                          attention_mask=mb["attention_mask"], segment_ids=mb["segment_ids"],
+                          branch_ids=mb["branch_ids"])                        # [B, S, D]
+    b, sides, k = mb["score_index"].shape
+    index = mb["score_index"].reshape(b, sides * k, 1)
+    picked = jnp.take_along_axis(hidden, index, axis=1)                       # [B, 2K, D]
+    token_lp = token_logprobs(model.logits_from_hidden(picked),
+                              mb["score_targets"].reshape(b, sides * k)).reshape(b, sides, k)
+    mask = mb["score_mask"]
+    seq, avg, lens = (sequence_logprobs(token_lp, mask),
+                      sequence_logprobs(token_lp, mask, average=True), jnp.sum(mask, axis=-1))
+    return tuple(jnp.concatenate([x[:, 0], x[:, 1]]) for x in (seq, avg, lens))
 
 
 def reference_model(model, mode: str, aux):
@@ -129,7 +149,7 @@ def means(row: dict, prefix: str = "") -> dict:
 def _fingerprint(data, source: str) -> str:
     """Identifies the pairs (tokens and masks) and the model the cache was computed for."""
     digest = hashlib.sha256(source.encode())
-    for key in ("tokens", "loss_mask"):
+    for key in ("tokens", "score_mask" if data.shared_prompt else "loss_mask"):
         digest.update(np.ascontiguousarray(data.pairs[key]).tobytes())
     return digest.hexdigest()
 
@@ -172,7 +192,7 @@ def precompute_reference(model, mode_model_fn, data, run_dir: Path, log, source:
 def run_dpo(cfg: DPOConfig, *, log=print):
     """Train per cfg; returns (trained model, final train state, reference bytes)."""
     tokenizer = load_tokenizer(cfg.model.source)
-    train_data, eval_data = load_pairs(cfg, tokenizer, log)
+    train_data, eval_data = load_pairs(cfg, tokenizer, log, shared_prompt=cfg.dpo.shared_prompt)
     layout = make_layout(cfg, rows_per_example=2)
     model, trainable = build_model(cfg, layout=layout)
     run_dir = open_run(cfg)

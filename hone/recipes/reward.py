@@ -42,8 +42,13 @@ def make_reward_loss(cfg: RewardConfig):
     r = cfg.reward
 
     def loss_fn(model, mb, normalizer, key, aux):
-        rewards = model(mb["tokens"], positions=mb["positions"],
-                        attention_mask=mb["attention_mask"], segment_ids=mb["segment_ids"])
+        if "branch_ids" in mb:  # one [prompt | chosen | rejected] row per pair
+            both = model.branch_rewards(mb["tokens"], mb["positions"], mb["attention_mask"],
+                                        mb["segment_ids"], mb["branch_ids"])
+            rewards = jnp.concatenate([both[:, 0], both[:, 1]])
+        else:
+            rewards = model(mb["tokens"], positions=mb["positions"],
+                            attention_mask=mb["attention_mask"], segment_ids=mb["segment_ids"])
         b = rewards.shape[0] // 2
         valid = mb["pair_valid"]
         losses, parts = jax.vmap(lambda c, j: reward_loss(
@@ -66,7 +71,8 @@ def means(row: dict, prefix: str = "") -> dict:
 def run_reward(cfg: RewardConfig, *, log=print):
     """Train per cfg; returns (trained RewardModel, final train state)."""
     tokenizer = load_tokenizer(cfg.model.source)
-    train_data, eval_data = load_pairs(cfg, tokenizer, log)
+    train_data, eval_data = load_pairs(cfg, tokenizer, log,
+                                       shared_prompt=cfg.reward.shared_prompt)
     layout = make_layout(cfg, rows_per_example=2)
     model, trainable = build_reward_model(cfg, layout)
     run_dir = open_run(cfg)

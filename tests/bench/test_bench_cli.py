@@ -30,7 +30,8 @@ def bench(capsys, *argv) -> tuple[list[str], dict]:
     ("sft", lambda b, t: b * t, lambda b, t: flops.sft_flops(TINY, b, t)),
     ("lora", lambda b, t: b * t, lambda b, t: flops.sft_flops(TINY, b, t,
                                                               flops.lora_params(TINY, 16))),
-    ("dpo", lambda b, t: 2 * b * t, lambda b, t: flops.dpo_flops(TINY, b, t)),
+    ("dpo", lambda b, t: 2 * b * t,
+     lambda b, t: flops.shared_dpo_flops(TINY, b, t // 2, t // 2)),
     ("decode", lambda b, t: b * t, lambda b, t: flops.decode_flops(TINY, b, 32, t)),
     ("grpo", lambda b, t: 4 * b * t, lambda b, t: flops.grpo_flops(TINY, b, 4, t // 2, t // 2)),
 ])

@@ -36,6 +36,10 @@ def test_training_rows_by_hand():
     # DPO, 1 pair of 3 tokens: 2 sequences x 3 tokens x (2088 + forward 2*300 + 4*8*3 = 696)
     assert flops.forward_flops_per_token(TOY, 3) == 696
     assert flops.dpo_flops(TOY, pairs=1, seq=3) == 6 * (2088 + 696)
+    # Shared prompt, 1 pair of a 1-token prompt + two 2-token answers: a row of S = 5 tokens,
+    # head H = 40, body 260, L x A x S = 40. Update (6*260 + 12*40) * 5 = 10200 + head 6*40*4
+    # = 960; reference (2*260 + 4*40) * 5 = 3400 + head 2*40*4 = 320.
+    assert flops.shared_dpo_flops(TOY, pairs=1, prompt_len=1, completion_len=2) == 14880
 
 
 def test_decode_and_grpo_by_hand():

@@ -106,10 +106,14 @@ def test_reward_model_learns_and_exports_to_transformers(tmp_path):
 
 def test_gradient_accumulation_keeps_each_chosen_row_with_its_rejected_row(tmp_path):
     """8 pairs as 1 x 8 and as 4 x 2 micro-batches: the same losses (pair_split hands each
-    micro-batch whole pairs; a plain row split would pair chosen rows with chosen rows)."""
+    micro-batch whole pairs; a plain row split would pair chosen rows with chosen rows), and
+    the same in both batch layouts (a shared prompt row per pair, or two rows)."""
     runs = {}
-    for accum in (1, 4):
-        run_dpo(dpo_config(tmp_path / str(accum), "train.max_steps=3", "train.eval_every=0",
-                           f"train.grad_accum={accum}", "checkpoint.every_steps=0"), **QUIET)
-        runs[accum] = [r["loss"] for r in rows(tmp_path / str(accum)) if "loss" in r]
-    np.testing.assert_allclose(runs[4], runs[1], rtol=1e-5)
+    for accum, shared in ((1, True), (4, True), (4, False)):
+        run = tmp_path / f"{accum}-{shared}"
+        run_dpo(dpo_config(run, "train.max_steps=3", "train.eval_every=0",
+                           f"train.grad_accum={accum}", "checkpoint.every_steps=0",
+                           f"dpo.shared_prompt={str(shared).lower()}"), **QUIET)
+        runs[accum, shared] = [r["loss"] for r in rows(run) if "loss" in r]
+    np.testing.assert_allclose(runs[4, True], runs[1, True], rtol=1e-5)
+    np.testing.assert_allclose(runs[4, False], runs[1, True], rtol=1e-5)

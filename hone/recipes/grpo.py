@@ -51,28 +51,52 @@ def reference_mode(cfg, section, needed: bool) -> str | None:
     return section.reference
 
 
-def model_logp(model, mb):
-    """Logits [B, L, V] and log-probabilities of the targets [B, L]."""
-    logits = model(mb["tokens"], positions=mb["positions"], attention_mask=mb["attention_mask"])
-    return logits, token_logprobs(logits, mb["targets"])
+def completion_window(cfg) -> tuple[int, int]:
+    """(start, width): the slots of a rollout row (`hone.rl.rollout.pack_rows`: prompts
+    left-padded to P = max_prompt_tokens) whose logits predict completion tokens: P-1 .. P+M-2."""
+    section = cfg.grpo
+    return section.max_prompt_tokens - 1, section.max_new_tokens
 
 
-def diagnostics(logits, logp, mb) -> dict:
-    """Entropy of the policy and the sampler-versus-trainer gap, as sums over completion tokens."""
+def model_logp(model, mb, window: tuple[int, int] | None = None):
+    """Logits and log-probabilities of the targets [B, L]. With a `window` (start, width) the
+    LM head runs on those slots only: logits are [B, width, V] and logp is 0 outside them (the
+    prompt's slots, which no loss reads), so the prompt's [B, P, V] logits are never formed."""
+    kw = dict(positions=mb["positions"], attention_mask=mb["attention_mask"])
+    if window is None:
+        logits = model(mb["tokens"], **kw)
+        return logits, token_logprobs(logits, mb["targets"])
+    start, width = window
+    rows, length = mb["tokens"].shape
+    if length != start + 1 + width:
+        raise ValueError(f"model_logp: rows of {length} tokens are not rollout rows of "
+                         f"{start + 1} prompt + {width} completion slots")
+    hidden = model.hidden(mb["tokens"], **kw)[:, start:start + width]
+    logits = model.logits_from_hidden(hidden)
+    logp = token_logprobs(logits, mb["targets"][:, start:start + width])
+    return logits, jnp.pad(logp, ((0, 0), (start, length - start - width)))
+
+
+def diagnostics(logits, logp, mb, window: tuple[int, int] | None = None) -> dict:
+    """Entropy of the policy and the sampler-versus-trainer gap, as sums over completion tokens
+    (logits of the `window` slots only when given, as `model_logp` returns them)."""
     mask = mb["loss_mask"]
     logits = jax.lax.stop_gradient(logits.astype(jnp.float32))
     lsm = jax.nn.log_softmax(logits, axis=-1)
-    entropy = -jnp.sum(jnp.exp(lsm) * lsm, axis=-1)  # [B, L]
+    entropy = -jnp.sum(jnp.exp(lsm) * lsm, axis=-1)  # [B, L] or [B, width]
+    entropy_mask = mask if window is None else mask[:, window[0]:window[0] + window[1]]
     gap = (jax.lax.stop_gradient(logp) - mb["sampler_logp"]) * mask
-    return {"entropy_sum": jnp.sum(entropy * mask), "sampler_gap_sum": jnp.sum(jnp.abs(gap)),
-            "sampler_gap_sq_sum": jnp.sum(gap * gap)}
+    return {"entropy_sum": jnp.sum(entropy * entropy_mask),
+            "sampler_gap_sum": jnp.sum(jnp.abs(gap)), "sampler_gap_sq_sum": jnp.sum(gap * gap)}
 
 
 def make_grpo_loss(cfg: GRPOConfig):
     g = cfg.grpo
 
+    window = completion_window(cfg)
+
     def loss_fn(model, mb, normalizer, key, aux):
-        logits, logp = model_logp(model, mb)
+        logits, logp = model_logp(model, mb, window)
         old = mb["old_logp"] if "old_logp" in mb else jax.lax.stop_gradient(logp)
         weights = None
         if g.tis_cap is not None:
@@ -82,7 +106,7 @@ def make_grpo_loss(cfg: GRPOConfig):
             clip_eps_high=g.clip_eps_high, ref_logp=mb.get("ref_logp"), kl_beta=g.beta,
             kl_kind=g.kl_kind, agg=g.loss_agg, ratio=g.ratio, max_len=g.max_new_tokens,
             is_weights=weights, denominator=normalizer)
-        return loss, dict(metrics, **diagnostics(logits, logp, mb))
+        return loss, dict(metrics, **diagnostics(logits, logp, mb, window))
 
     return loss_fn
 
@@ -94,15 +118,16 @@ def make_prepare(cfg: GRPOConfig, graphdef, template, mode: str | None):
     if not need_old and mode is None:
         return None
     precision = cfg.train.precision
+    window = completion_window(cfg)
 
     def prepare(state, frozen, batch, aux):
         def score(mb):
             model = merge(graphdef, template, state["params"], frozen, precision)
             out = {}
             if need_old:
-                out["old_logp"] = model_logp(model, mb)[1]
+                out["old_logp"] = model_logp(model, mb, window)[1]
             if mode is not None:
-                out["ref_logp"] = model_logp(reference_model(model, mode, aux), mb)[1]
+                out["ref_logp"] = model_logp(reference_model(model, mode, aux), mb, window)[1]
             return jax.lax.stop_gradient(out)
 
         return dict(batch, **chunked(score, batch, cfg.train.grad_accum)), {}

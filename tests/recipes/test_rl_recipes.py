@@ -18,7 +18,8 @@ import rl_toy_rewards
 from hone.config import GRPOConfig, PPOConfig, load_config
 from hone.models.config import PRESETS
 from hone.models.transformer import Transformer
-from hone.recipes.grpo import make_grpo_loss, make_prepare, run_grpo
+from hone.recipes.grpo import (diagnostics, make_grpo_loss, make_prepare, model_logp,
+                               run_grpo)
 from hone.recipes.ppo import run_ppo
 from hone.losses.rl import policy_loss_denominator
 from hone.rl.step import make_rl_step
@@ -92,6 +93,26 @@ def _synthetic_rollout(rng, b=8, length=24, prompt=8):
             "advantages": rng.normal(size=b).astype(np.float32)}
 
 
+def test_completion_window_gives_the_full_rows_log_probabilities_and_diagnostics():
+    """GRPO runs the LM head on the completion slots only: the log-probabilities the losses read
+    (loss_mask) and the entropy and sampler-gap sums equal those of the full rows."""
+    batch = {k: jnp.asarray(v) for k, v in _synthetic_rollout(np.random.default_rng(1)).items()}
+    batch["sampler_logp"] = batch["loss_mask"] * -1.5
+    model = Transformer(PRESETS["tiny"], rngs=nnx.Rngs(2))
+    window = (7, 16)  # 8 prompt slots, 16 completion slots
+    full_logits, full = model_logp(model, batch)
+    logits, cut = model_logp(model, batch, window)
+    assert logits.shape == (8, 16, PRESETS["tiny"].vocab_size)
+    mask = np.asarray(batch["loss_mask"])
+    np.testing.assert_allclose(np.asarray(cut) * mask, np.asarray(full) * mask, atol=1e-6)
+    assert not np.any(np.asarray(cut)[:, :7])
+    want = diagnostics(full_logits, full, batch)
+    for key, value in diagnostics(logits, cut, batch, window).items():
+        np.testing.assert_allclose(float(value), float(want[key]), rtol=1e-5)
+    with pytest.raises(ValueError, match="rollout rows"):
+        model_logp(model, batch, (7, 15))
+
+
 @pytest.mark.parametrize("agg,ratio,iterations", [
     ("token-mean", "token", 1), ("seq-mean-token-mean", "token", 1),
     ("seq-mean-token-sum-norm", "token", 1), ("token-mean", "sequence", 2)])
@@ -103,7 +124,8 @@ def test_update_does_not_depend_on_the_micro_batch_split(agg, ratio, iterations)
     for accum in (1, 4):
         cfg = load_config(GRPOConfig, None, [
             f"grpo.loss_agg={agg}", f"grpo.ratio={ratio}", f"grpo.iterations={iterations}",
-            "grpo.beta=0.1", "grpo.max_new_tokens=16", "grpo.clip_eps=0.1",
+            "grpo.beta=0.1", "grpo.max_new_tokens=16", "grpo.max_prompt_tokens=8",
+            "grpo.clip_eps=0.1",
             "train.batch_size=8", f"train.grad_accum={accum}"])
         # One layer: the property is about the loss and the step, and compiles are the cost.
         model = Transformer(dataclasses.replace(PRESETS["tiny"], num_layers=1,

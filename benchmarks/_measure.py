@@ -64,10 +64,14 @@ def train_args(description: str, precision: bool = False) -> argparse.Namespace:
     return args
 
 
-def pair_args(description: str) -> argparse.Namespace:
-    """Options of the DPO scripts: --pairs pairs of --prompt-len + --completion-len tokens."""
+def pair_args(description: str, precision: bool = False) -> argparse.Namespace:
+    """Options of the DPO scripts: --pairs pairs of --prompt-len + --completion-len tokens (and
+    --precision where the script has a bf16 path)."""
     ap = argparse.ArgumentParser(description=description)
-    return _ints(ap, pairs=4, prompt_len=64, completion_len=64, repeats=5, seed=0).parse_args()
+    _ints(ap, pairs=4, prompt_len=64, completion_len=64, repeats=5, seed=0)
+    if precision:
+        ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
+    return ap.parse_args()
 
 
 def grpo_args(description: str) -> argparse.Namespace:
@@ -96,10 +100,12 @@ def emit_train(impl: str, row: str, tokens: int, first: float, median: float,
                       "first_loss": round(first_loss, 4)}), flush=True)
 
 
-def emit_pairs(impl: str, args, first: float, median: float, first_loss: float) -> None:
-    """emit_train's line for a DPO step (row "dpo") over pair_args' 2B x (prompt + completion)."""
+def emit_pairs(impl: str, args, first: float, median: float, first_loss: float,
+               row: str = "dpo") -> None:
+    """emit_train's line for a DPO step (row "dpo", or "dpo-bf16") over pair_args' 2B x
+    (prompt + completion)."""
     tokens = 2 * args.pairs * (args.prompt_len + args.completion_len)
-    emit_train(impl, "dpo", tokens, first, median, first_loss)
+    emit_train(impl, row, tokens, first, median, first_loss)
 
 
 def emit_grpo(impl: str, args, step_s: list, rollout_s: list, ref_s: list, update_s: list,

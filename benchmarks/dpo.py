@@ -12,6 +12,7 @@ This driver takes the median over rounds per implementation, prints a markdown t
 row per library and, with --write, rewrites the "## DPO step" section of benchmarks/RESULTS.md.
 
     .venv/bin/python benchmarks/dpo.py --write
+    .venv/bin/python benchmarks/dpo.py --write --bf16   # also hone with bf16 compute
     .venv/bin/python benchmarks/dpo.py --rounds 1 --repeats 1   # smoke
 """
 
@@ -28,18 +29,26 @@ IMPLS = ("hone", "tunix", "torch")
 
 
 def jobs(impl: str, args) -> list[tuple[str, list[str]]]:
-    return [(f"{impl} dpo", _driver.command(
+    """One process; with --bf16, hone runs a second one with --precision bf16 (row dpo-bf16)."""
+    cmd = _driver.command(
         impl, f"dpo_{impl}.py", "--repeats", args.repeats, "--pairs", args.pairs,
-        "--prompt-len", args.prompt_len, "--completion-len", args.completion_len))]
+        "--prompt-len", args.prompt_len, "--completion-len", args.completion_len)
+    out = [(f"{impl} dpo", cmd)]
+    if impl == "hone" and args.bf16:
+        out.append(("hone dpo-bf16", cmd + ["--precision", "bf16"]))
+    return out
 
 
 def bullets(vers: dict) -> dict[str, str]:
     return {
         "hone": "- hone: the jitted step `hone.recipes.common.compile_steps` builds with "
                 "`hone.recipes.dpo.make_dpo_loss(cfg, \"copy\")` (what `hone dpo` runs), the "
-                "reference copy passed as the step's aux, on the `smollm2-135m` preset; one "
-                "call does both forwards, the loss, gradients and AdamW; timed until its "
-                f"metrics are ready; jax {vers['jax']}, flax {vers['flax']}.",
+                "reference copy passed as the step's aux, on the `smollm2-135m` preset; each "
+                "pair is one row [prompt | chosen | rejected] with the prompt computed once "
+                "(`dpo.shared_prompt`, the default; the other libraries run two rows per pair) "
+                "and the LM head only where answer tokens are predicted; one call does both "
+                "forwards, the loss, gradients and AdamW; timed until its metrics are ready; "
+                f"jax {vers['jax']}, flax {vers['flax']}.",
         "tunix": "- tunix: `tunix.sft.dpo.dpo_trainer.DPOTrainer`: `_prepare_inputs` (which runs "
                  "the reference forward in its own nnx.jit call) + `shard_input` + the jitted "
                  "train step as `train()` builds it, timed until loss and grad norm are ready; "
@@ -53,17 +62,22 @@ def bullets(vers: dict) -> dict[str, str]:
 
 
 def summarize(results: list[dict], impls) -> dict:
-    """{impl: medians over rounds (median_s, first_s), max peak_rss_mb, first_loss}."""
-    return _driver.aggregate(results, impls, lambda r: r["impl"], firsts=("first_loss",))
+    """{(impl, row): medians over rounds (median_s, first_s), max peak_rss_mb, first_loss};
+    rows "dpo" and, for hone with --bf16, "dpo-bf16"."""
+    keys = [(i, "dpo") for i in impls] + [("hone", "dpo-bf16")]
+    return _driver.aggregate(results, keys, lambda r: (r["impl"], r.get("row", "dpo")),
+                             firsts=("first_loss",))
 
 
 def table(summary: dict, pairs: int) -> str:
-    """One markdown row per library: medians over rounds, and how many times faster hone is."""
-    hone = summary.get("hone", {}).get("median_s")
-    rows = [[impl, f"{s['median_s']:.3f}", f"{pairs / s['median_s']:.2f}", f"{s['first_s']:.1f}",
-             f"{s['peak_rss_mb']:.0f}", f"{s['first_loss']:.4f}",
-             "-" if hone is None else f"{s['median_s'] / hone:.2f}x"]
-            for impl, s in summary.items()]
+    """One markdown row per library (and hone bf16): medians over rounds, and how many times
+    faster hone's fp32 step is."""
+    hone = summary.get(("hone", "dpo"), {}).get("median_s")
+    rows = [[impl if row == "dpo" else f"{impl} (bf16 compute)", f"{s['median_s']:.3f}",
+             f"{pairs / s['median_s']:.2f}", f"{s['first_s']:.1f}", f"{s['peak_rss_mb']:.0f}",
+             f"{s['first_loss']:.4f}",
+             "-" if hone is None or row != "dpo" else f"{s['median_s'] / hone:.2f}x"]
+            for (impl, row), s in summary.items()]
     return _driver.md_table(["library", "step s", "pairs/s", "first step s", "peak RSS MB",
                              "first loss", "hone speed-up"], rows)
 
@@ -73,11 +87,16 @@ def main():
     ap.add_argument("--pairs", type=int, default=4)
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--completion-len", type=int, default=64)
+    ap.add_argument("--bf16", action="store_true",
+                    help="also run hone with --precision bf16 (row dpo-bf16)")
     args = _driver.parse(ap, IMPLS)
+    if args.bf16 and "hone" not in args.impls:
+        ap.error("--bf16 runs hone: include hone in --impls")
 
     results = _driver.run_rounds(args, lambda impl: jobs(impl, args))
     summary = summarize(results, args.impls)
-    _driver.save_last("dpo", args, [{"impl": i, "row": "dpo", **s} for i, s in summary.items()])
+    _driver.save_last("dpo", args, [{"impl": i, "row": row, **s}
+                                    for (i, row), s in summary.items()])
     p, c = args.prompt_len, args.completion_len
     settings = (
         f"DPO step, policy + frozen reference, {args.pairs} pairs of {p} + {c} tokens (2 x "
@@ -92,7 +111,7 @@ def main():
     _driver.report(args, _driver.section(
         args, "dpo.py", settings, bullets(_driver.versions()), [
             table(summary, args.pairs), "",
-            "hone speed-up: the library's median step time / hone's.", ""]))
+            "hone speed-up: the library's median step time / hone's (fp32).", ""]))
 
 
 if __name__ == "__main__":

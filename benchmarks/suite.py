@@ -38,9 +38,10 @@ ROWS = (("sft", "train", "sft", "step"), ("lora", "train", "lora", "step"),
         ("decode batch 32", "decode", "decode-32", "tok/s"), ("grpo", "grpo", "grpo", "step"),
         ("sft, hone bf16", "train", "sft-bf16", "step"),
         ("lora, hone bf16", "train", "lora-bf16", "step"),
+        ("dpo, hone bf16", "dpo", "dpo-bf16", "step"),
         ("decode batch 8, hone bf16", "decode", "decode-8-bf16", "tok/s"),
         ("decode batch 32, hone bf16", "decode", "decode-32-bf16", "tok/s"))
-DRIVER_FLAGS = {"train": ["--bf16"]}  # what each driver runs besides the shared flags
+DRIVER_FLAGS = {"train": ["--bf16"], "dpo": ["--bf16"]}  # what each driver runs besides the shared flags
 IMPLS = ("hone", "tunix", "torch")
 GOALS = {"tunix": 2.0, "torch": 2.5}  # hone at least this many times faster
 NAMES = {"hone": "hone", "tunix": "Tunix", "torch": "PyTorch"}

@@ -42,7 +42,8 @@ def by_row():
 def test_speedups_and_goal_wording():
     rows = by_row()
     assert list(rows) == ["sft", "lora", "dpo", "decode batch 8", "decode batch 32", "grpo",
-                          "sft, hone bf16", "lora, hone bf16", "decode batch 8, hone bf16",
+                          "sft, hone bf16", "lora, hone bf16", "dpo, hone bf16",
+                          "decode batch 8, hone bf16",
                           "decode batch 32, hone bf16"]
     assert rows["sft"]["speedup"] == {"tunix": 2.5, "torch": 2.0}
     assert suite.goal_cell(rows["sft"]["speedup"]) == "2x Tunix: met; 2.5x PyTorch: NOT met"
@@ -63,7 +64,7 @@ def test_speedups_and_goal_wording():
 def test_table_and_section():
     rows = suite.collect(LAST)
     lines = suite.table(rows).splitlines()
-    assert len(lines) == 2 + 10
+    assert len(lines) == 2 + 11
     assert lines[2] == ("| sft | step s | 1.000 | 2.500 | 2.000 | 10.0 / 10.0 / 10.0 | "
                         "1000 / 1000 / 1000 | 2.50x | 2.00x | "
                         "2x Tunix: met; 2.5x PyTorch: NOT met |")

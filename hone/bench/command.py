@@ -67,8 +67,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
                    help="bf16: bf16 compute, fp32 weights (decode: bf16 weights)")
     p.add_argument("--two-rows", action="store_true",
-                   help="dpo: score each pair as two rows (prompt + chosen, prompt + rejected), "
-                   "as Tunix and PyTorch do, instead of one row with the prompt shared")
+                   help="dpo, grpo: a row per sequence (prompt + chosen, prompt + rejected; "
+                   "prompt + sample), as Tunix and PyTorch run it, instead of one row per "
+                   "pair or prompt group with the prompt computed once")
     p.add_argument("--seed", type=int, default=0)
     return p
 
@@ -122,7 +123,8 @@ def measure(args, log: Callable = print):
         got = decode_row(batch=batch, prompt_len=prompt, new_tokens=seq, **common)
     else:
         got = grpo_row(prompts=batch, generations=args.generations, prompt_len=prompt,
-                       new_tokens=seq - prompt, beta=args.beta, **common)
+                       new_tokens=seq - prompt, beta=args.beta,
+                       shared_prompt=not args.two_rows, **common)
     return got, batch, seq, prompt
 
 
@@ -143,7 +145,7 @@ def result(args, got, batch: int, seq: int, prompt: int, ceiling_gflops: float) 
            "mfu": _sig(got.flops / got.median_s / (ceiling_gflops * 1e9), 4)}
     if args.row in ("dpo", "decode", "grpo"):
         out["prompt_len"] = prompt
-    if args.row == "dpo":
+    if args.row in ("dpo", "grpo"):
         out["shared_prompt"] = not args.two_rows
     if args.row == "grpo":
         out["generations"] = args.generations

@@ -30,7 +30,10 @@ width), T = sequence length, P = prompt length, M = new tokens, B = rows, r = Lo
   B x [P x (2N + 4LAP) + sum_i (2N + 4LA(P + i))]. The last token's logits come from the step
   before, so M new tokens need P + M - 1 token forwards.
 - GRPO step: rollout (decode of the B x G sequences) + reference forward over the P + M tokens
-  of each sequence (when a KL reference exists) + one training update over them.
+  of each sequence (when a KL reference exists) + one training update over them. With the
+  prompt shared (GRPO's tree rows, `hone.rl.rollout.pack_tree_rows`) the update and the
+  reference run B rows of S = P + G x M tokens through the blocks and the LM head on the G x M
+  scored slots, counted as for DPO's shared prompt (attention charged the full row S).
 """
 
 from __future__ import annotations
@@ -100,10 +103,23 @@ def decode_flops(cfg, batch: int, prompt_len: int, new_tokens: int) -> float:
 
 
 def grpo_flops(cfg, prompts: int, generations: int, prompt_len: int, new_tokens: int, *,
-               reference: bool = True, n_lora: int | None = None) -> float:
+               reference: bool = True, n_lora: int | None = None,
+               shared_prompt: bool = False) -> float:
     """One GRPO step: rollout of prompts x generations sequences, the reference forward over
-    their P + M tokens (when `reference`), one update over the same tokens."""
+    their P + M tokens (when `reference`), one update over the same tokens; `shared_prompt`:
+    the update and reference over one tree row per prompt (module docstring; full fine-tuning
+    only)."""
     seqs, seq = prompts * generations, prompt_len + new_tokens
     rollout = decode_flops(cfg, seqs, prompt_len, new_tokens)
+    if shared_prompt:
+        if n_lora is not None:
+            raise ValueError("grpo_flops: shared_prompt counts full fine-tuning only")
+        head = cfg.vocab_size * cfg.hidden_size
+        body = matmul_params(cfg) - head
+        row, scored = prompt_len + generations * new_tokens, generations * new_tokens
+        attn = attention_width(cfg) * row
+        update = (6.0 * body + 12.0 * attn) * row + 6.0 * head * scored
+        ref = (2.0 * body + 4.0 * attn) * row + 2.0 * head * scored if reference else 0.0
+        return rollout + prompts * (update + ref)
     ref = seqs * seq * forward_flops_per_token(cfg, seq) if reference else 0.0
     return rollout + ref + seqs * seq * train_flops_per_token(cfg, seq, n_lora)

@@ -16,8 +16,12 @@ prepare=make_prepare(...))`: one jitted, state-donating program running the refe
 the policy forward, the loss, gradients, clipping and AdamW. One iteration: no old-log-prob
 forward (ratio 1).
 
+The update scores the rollout as `run_grpo` does by default: one tree row per prompt, its
+samples sharing it (`pack_tree_rows`, grpo.shared_prompt; `shared_prompt=False`: a row per
+sample, `pack_rows`, as Tunix runs it).
+
 Timed per step (wall clock): rollout_s = `nnx.merge` of the current weights (no copy) +
-`hone.rl.rollout.sample` (prefill + decode) + rewards + `grpo_advantages` + `pack_rows`;
+`hone.rl.rollout.sample` (prefill + decode) + rewards + `grpo_advantages` + the packing;
 update_s = `step(state, frozen, rows, aux)` until its metrics are ready, INCLUDING the reference
 forward; the step = rollout + update. ref_s is measured after the steps (and after peak RSS is
 read): `make_prepare`'s reference forward jitted alone over the last rows, first call dropped;
@@ -50,7 +54,7 @@ def even_share(samples) -> np.ndarray:
 
 
 def _config(model: str, prompts: int, generations: int, prompt_len: int, new_tokens: int,
-            steps: int, beta: float, precision: str, seed: int):
+            steps: int, beta: float, precision: str, seed: int, shared_prompt: bool = True):
     from hone.config import GRPOConfig, load_config
     return load_config(GRPOConfig, None, [
         f"model.source={model}", "model.dtype=float32",
@@ -61,19 +65,21 @@ def _config(model: str, prompts: int, generations: int, prompt_len: int, new_tok
         f"train.precision={precision}", f"grpo.group_size={generations}",
         f"grpo.max_prompt_tokens={prompt_len}", f"grpo.max_new_tokens={new_tokens}",
         "grpo.temperature=0.9", f"grpo.beta={beta}", "grpo.clip_eps=0.2",
-        "grpo.iterations=1", "grpo.kl_kind=k1", "grpo.loss_agg=seq-mean-token-mean"])
+        "grpo.iterations=1", "grpo.kl_kind=k1", "grpo.loss_agg=seq-mean-token-mean",
+        f"grpo.shared_prompt={str(shared_prompt).lower()}"])
 
 
 def grpo_row(model: str = "smollm2-135m", prompts: int = 2, generations: int = 4,
              prompt_len: int = 32, new_tokens: int = 32, repeats: int = 5, beta: float = 0.04,
-             precision: str = "fp32", seed: int = 0, log: Callable = quiet) -> Measured:
+             precision: str = "fp32", seed: int = 0, shared_prompt: bool = True,
+             log: Callable = quiet) -> Measured:
     """One GRPO step, repeated; series holds the per-step seconds (step_s, rollout_s, update_s,
     ref_s), extra their medians (first dropped) and beta / ref_in_update."""
     from hone.losses.rl import grpo_advantages, policy_loss_denominator
-    from hone.recipes.grpo import make_grpo_loss, make_prepare, reference_mode
+    from hone.recipes.grpo import make_grpo_loss, make_prepare, reference_mode, tree_layout
     from hone.recipes.rl_common import rl_optimizer
     from hone.recipes.sft import build_model
-    from hone.rl.rollout import pack_rows, sample, step_seed
+    from hone.rl.rollout import pack_rows, pack_tree_rows, sample, step_seed
     from hone.rl.step import make_rl_step
     from hone.train.state import flatten, new_train_state, split_model, unflatten
 
@@ -81,8 +87,10 @@ def grpo_row(model: str = "smollm2-135m", prompts: int = 2, generations: int = 4
     log(f"grpo: building {model}, {prompts} prompts x {generations} generations, "
         f"{prompt_len} + {new_tokens} tokens, beta {beta}, {precision}")
     cfg = _config(model, prompts, generations, prompt_len, new_tokens, steps, beta, precision,
-                  seed)
+                  seed, shared_prompt)
     g = cfg.grpo
+    tree = tree_layout(cfg)
+    assert tree == shared_prompt
     net, trainable = build_model(cfg, log=quiet)
     assert trainable is nnx.Param
     assert_fp32(net)
@@ -117,8 +125,10 @@ def grpo_row(model: str = "smollm2-135m", prompts: int = 2, generations: int = 4
                          prompt_bucket=g.max_prompt_tokens)
         adv, _ = grpo_advantages(jnp.asarray(even_share(samples)), generations, scale=g.scale,
                                  leave_one_out=g.leave_one_out)
-        rows = pack_rows(samples, g.max_prompt_tokens, g.max_new_tokens, PAD_ID)
-        rows["advantages"] = np.asarray(adv, np.float32)
+        rows = (pack_tree_rows if tree else pack_rows)(samples, g.max_prompt_tokens,
+                                                       g.max_new_tokens, PAD_ID)
+        adv = np.asarray(adv, np.float32)
+        rows["advantages"] = adv.reshape(prompts, generations) if tree else adv
         t1 = time.perf_counter()
         del policy  # its arrays are the state's, which the step donates
         state, metrics = step(state, frozen, rows, aux)
@@ -147,7 +157,7 @@ def grpo_row(model: str = "smollm2-135m", prompts: int = 2, generations: int = 4
     return Measured(
         step_s[0], med(step_s), seqs * seq,
         flops.grpo_flops(arch, prompts, generations, prompt_len, new_tokens,
-                         reference=prepare is not None),
+                         reference=prepare is not None, shared_prompt=tree),
         losses[0], peak,
         extra={"rollout_s": med(rollout_s), "ref_s": med(ref_s), "update_s": med(update_s),
                "beta": beta, "ref_in_update": prepare is not None},

@@ -112,6 +112,11 @@ class GRPOSection(RolloutKeys):
     # Truncated importance sampling: weight tokens by min(pi_trainer / pi_sampler, cap);
     # None = off.
     tis_cap: float | None = field(default=None, metadata={"gt": 0.0})
+    # Score each prompt once for its group: one row [prompt | sample 1 | ... | sample G] in
+    # which the samples cannot see each other (the same log-probabilities as a row per sample,
+    # to float rounding, for fewer FLOPs). Used unless the reference has devices of its own or
+    # the groups do not split into train.grad_accum micro-batches; false: a row per sample.
+    shared_prompt: bool = True
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,27 @@ def model_logp(model, mb, window: tuple[int, int] | None = None):
     return logits, jnp.pad(logp, ((0, 0), (start, length - start - width)))
 
 
+def tree_logp(model, mb):
+    """From tree rows (`hone.rl.rollout.pack_tree_rows`): logits [B, M, V] and log-probs [B, M]
+    of every sample's tokens, B = groups x G in the rows layout's order (sample j of group k is
+    row k·G + j). One forward pass per group computes its prompt once; the LM head runs only
+    at the slots that predict sample tokens."""
+    hidden = model.hidden(mb["tokens"], positions=mb["positions"],
+                          attention_mask=mb["attention_mask"], segment_ids=mb["segment_ids"],
+                          branch_ids=mb["branch_ids"])
+    groups, g, m = mb["score_index"].shape
+    picked = jnp.take_along_axis(hidden, mb["score_index"].reshape(groups, g * m, 1), axis=1)
+    logits = model.logits_from_hidden(picked).reshape(groups * g, m, -1)
+    return logits, token_logprobs(logits, mb["score_targets"].reshape(groups * g, m))
+
+
+def as_rows(mb) -> dict:
+    """A tree batch's per-sample arrays in the rows layout: [groups, G, ...] -> [groups·G, ...]."""
+    return {k: mb[k].reshape((-1,) + mb[k].shape[2:])
+            for k in ("loss_mask", "sampler_logp", "old_logp", "ref_logp", "advantages")
+            if k in mb}
+
+
 def diagnostics(logits, logp, mb, window: tuple[int, int] | None = None) -> dict:
     """Entropy of the policy and the sampler-versus-trainer gap, as sums over completion tokens
     (logits of the `window` slots only when given, as `model_logp` returns them)."""
@@ -92,11 +113,13 @@ def diagnostics(logits, logp, mb, window: tuple[int, int] | None = None) -> dict
 
 def make_grpo_loss(cfg: GRPOConfig):
     g = cfg.grpo
-
     window = completion_window(cfg)
 
     def loss_fn(model, mb, normalizer, key, aux):
-        logits, logp = model_logp(model, mb, window)
+        if "branch_ids" in mb:  # tree rows: from here on, everything is [B, M]
+            (logits, logp), mb, win = tree_logp(model, mb), as_rows(mb), None
+        else:
+            (logits, logp), win = model_logp(model, mb, window), window
         old = mb["old_logp"] if "old_logp" in mb else jax.lax.stop_gradient(logp)
         weights = None
         if g.tis_cap is not None:
@@ -106,7 +129,7 @@ def make_grpo_loss(cfg: GRPOConfig):
             clip_eps_high=g.clip_eps_high, ref_logp=mb.get("ref_logp"), kl_beta=g.beta,
             kl_kind=g.kl_kind, agg=g.loss_agg, ratio=g.ratio, max_len=g.max_new_tokens,
             is_weights=weights, denominator=normalizer)
-        return loss, dict(metrics, **diagnostics(logits, logp, mb, window))
+        return loss, dict(metrics, **diagnostics(logits, logp, mb, win))
 
     return loss_fn
 
@@ -120,19 +143,34 @@ def make_prepare(cfg: GRPOConfig, graphdef, template, mode: str | None):
     precision = cfg.train.precision
     window = completion_window(cfg)
 
+    def logp_of(model, mb):  # [B, L] rows, or [groups, G, M] for tree rows
+        if "branch_ids" in mb:
+            return tree_logp(model, mb)[1].reshape(mb["score_index"].shape)
+        return model_logp(model, mb, window)[1]
+
     def prepare(state, frozen, batch, aux):
         def score(mb):
             model = merge(graphdef, template, state["params"], frozen, precision)
             out = {}
             if need_old:
-                out["old_logp"] = model_logp(model, mb, window)[1]
+                out["old_logp"] = logp_of(model, mb)
             if mode is not None:
-                out["ref_logp"] = model_logp(reference_model(model, mode, aux), mb, window)[1]
+                out["ref_logp"] = logp_of(reference_model(model, mode, aux), mb)
             return jax.lax.stop_gradient(out)
 
         return dict(batch, **chunked(score, batch, cfg.train.grad_accum)), {}
 
     return prepare
+
+
+def tree_layout(cfg: GRPOConfig, remote: bool = False, shards: int = 1) -> bool:
+    """Whether the update scores tree rows (one per prompt group): asked for by
+    grpo.shared_prompt, and possible unless the reference runs on its own devices (its program
+    scores one row per sample) or the groups do not split evenly over the `shards` data
+    shards of the mesh and their train.grad_accum micro-batches."""
+    groups = cfg.train.batch_size // cfg.grpo.group_size
+    return (cfg.grpo.shared_prompt and not remote
+            and groups % (shards * cfg.train.grad_accum) == 0)
 
 
 def run_grpo(cfg: GRPOConfig, *, log=print):
@@ -169,15 +207,20 @@ def run_grpo(cfg: GRPOConfig, *, log=print):
         epochs=g.iterations, layout=layout,
         prepare=make_prepare(cfg, graphdef, params, None if reference else mode))
 
-    data_iter = prompts.iterator(cfg.train.batch_size // g.group_size, cfg.train.seed)
-    rollouts = Rollouts(cfg, g, graphdef, params, frozen, tokenizer, prompts, data_iter, rewards)
+    groups = cfg.train.batch_size // g.group_size
+    tree = tree_layout(cfg, remote=reference is not None, shards=layout.shards)
+    log(f"rollout rows: {'one per prompt, its samples sharing it' if tree else 'one per sample'}")
+    data_iter = prompts.iterator(groups, cfg.train.seed)
+    rollouts = Rollouts(cfg, g, graphdef, params, frozen, tokenizer, prompts, data_iter, rewards,
+                        tree=tree)
 
     def prepare(state, prompt_batch, step_index):
         rows, total, _, metrics = rollouts.collect(state, prompt_batch, step_index,
                                                    extra_rounds=g.dynamic_sampling_rounds)
         adv, _ = grpo_advantages(jnp.asarray(total), g.group_size, scale=g.scale,
                                  leave_one_out=g.leave_one_out)
-        rows["advantages"] = np.asarray(adv, np.float32)
+        adv = np.asarray(adv, np.float32)
+        rows["advantages"] = adv.reshape(groups, g.group_size) if tree else adv
         if reference is not None:
             rows["ref_logp"] = reference(rows)
         return rows, metrics

@@ -27,7 +27,8 @@ from hone.errors import InputError
 from hone.losses import token_logprobs
 from hone.parallel.roles import FrozenRole, split_devices
 from hone.rl.prompts import PromptData
-from hone.rl.rollout import Samples, completion_stats, pack_rows, sample, step_seed
+from hone.rl.rollout import (Samples, completion_stats, pack_rows, pack_tree_rows, sample,
+                             step_seed)
 from hone.rl.step import chunked
 from hone.train.state import flatten, unflatten
 from hone.train.step import merge
@@ -98,8 +99,8 @@ class Rollouts:
     """Host side of a rollout: policy weights -> scored, laid-out training rows."""
 
     def __init__(self, cfg, section, graphdef, template, frozen, tokenizer, prompts, data_iter,
-                 rewards):
-        self.cfg, self.s = cfg, section
+                 rewards, tree: bool = False):
+        self.cfg, self.s, self.tree = cfg, section, tree  # tree: pack_tree_rows, one per group
         self.graphdef, self.template, self.frozen = graphdef, template, frozen
         self.tokenizer, self.prompts, self.data_iter = tokenizer, prompts, data_iter
         self.rewards = rewards
@@ -147,8 +148,8 @@ class Rollouts:
                 for name, count in part.events.items():
                     events[name] = events.get(name, 0) + count
             result = _concat_results([_take(parts[p][1], k, g) for p, k in chosen], events)
-        rows = pack_rows(samples, self.s.max_prompt_tokens, self.s.max_new_tokens,
-                         self.tokenizer.pad_id)
+        rows = (pack_tree_rows if self.tree else pack_rows)(
+            samples, self.s.max_prompt_tokens, self.s.max_new_tokens, self.tokenizer.pad_id)
         metrics = self.metrics(samples, result)
         if g > 1:
             metrics.update(zero_std_fraction=float(np.mean(first_zero)),

@@ -33,7 +33,8 @@ def bench(capsys, *argv) -> tuple[list[str], dict]:
     ("dpo", lambda b, t: 2 * b * t,
      lambda b, t: flops.shared_dpo_flops(TINY, b, t // 2, t // 2)),
     ("decode", lambda b, t: b * t, lambda b, t: flops.decode_flops(TINY, b, 32, t)),
-    ("grpo", lambda b, t: 4 * b * t, lambda b, t: flops.grpo_flops(TINY, b, 4, t // 2, t // 2)),
+    ("grpo", lambda b, t: 4 * b * t,
+     lambda b, t: flops.grpo_flops(TINY, b, 4, t // 2, t // 2, shared_prompt=True)),
 ])
 def test_each_row_prints_a_last_json_line(capsys, row, tokens, formula):
     progress, got = bench(capsys, row, "--model", "tiny", "--steps", "2")

@@ -51,6 +51,10 @@ def test_decode_and_grpo_by_hand():
     full = flops.grpo_flops(TOY, 1, 2, 3, 3)
     assert full == 7152 + 9504 + 28512
     assert flops.grpo_flops(TOY, 1, 2, 3, 3, reference=False) == 7152 + 28512
+    # Shared prompt: one row of S = 3 + 2*3 = 9 tokens, head H = 40 on the 6 scored slots,
+    # body 260, L x A x S = 72. Update (6*260 + 12*72) * 9 + 6*40*6 = 23256; reference
+    # (2*260 + 4*72) * 9 + 2*40*6 = 7752.
+    assert flops.grpo_flops(TOY, 1, 2, 3, 3, shared_prompt=True) == 7152 + 7752 + 23256
 
 
 @pytest.mark.parametrize("name", ["tiny", "smollm2-135m"])

@@ -1,0 +1,102 @@
+"""GRPO's tree rows (one row per prompt group, the prompt computed once) against a row per
+sample: the layout by hand, and the same GRPO update (loss, metrics, new weights) from both."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from hone.config import GRPOConfig, load_config
+from hone.losses.rl import policy_loss_denominator
+from hone.models.config import PRESETS
+from hone.models.transformer import Transformer
+from hone.recipes.grpo import make_grpo_loss, make_prepare
+from hone.rl.rollout import Samples, pack_rows, pack_tree_rows
+from hone.rl.step import make_rl_step
+from hone.sampling.generate import Completion
+from hone.train.state import flatten, new_train_state, split_model
+
+PAD = 0
+
+
+def samples(prompts, completions, g) -> Samples:
+    """Samples of len(prompts) groups of g completions (token lists), made-up log-probs."""
+    outs = [Completion(None, list(c), [-0.5 - 0.1 * i for i in range(len(c))])
+            for c in completions]
+    ids = [list(p) for p in prompts for _ in range(g)]
+    return Samples(ids, [""] * len(ids), outs, {}, g)
+
+
+def test_layout_by_hand():
+    rows = pack_tree_rows(samples([[5, 6]], [[7, 8, 9], [10]], 2), 3, 3, PAD)
+    # P = 3 (prompt left-padded), then M = 3 slots per sample: S = 3 + 2 * 3 = 9.
+    assert rows["tokens"][0].tolist() == [PAD, 5, 6, 7, 8, 9, 10, PAD, PAD]
+    assert rows["attention_mask"][0].tolist() == [0, 1, 1, 1, 1, 1, 1, 0, 0]
+    assert rows["positions"][0].tolist() == [0, 0, 1, 2, 3, 4, 2, 0, 0]
+    assert rows["branch_ids"][0].tolist() == [0, 0, 0, 1, 1, 1, 2, 0, 0]
+    # Sample 1's tokens 7, 8, 9 are predicted at slots 2 (the prompt's last), 3, 4; sample
+    # 2's token 10 at slot 2 as well.
+    assert rows["score_index"][0].tolist() == [[2, 3, 4], [2, 0, 0]]
+    assert rows["score_targets"][0].tolist() == [[7, 8, 9], [10, PAD, PAD]]
+    assert rows["loss_mask"][0].tolist() == [[1, 1, 1], [1, 0, 0]]
+    np.testing.assert_allclose(rows["sampler_logp"][0, 0], [-0.5, -0.6, -0.7])
+    with pytest.raises(ValueError, match="different prompts"):
+        pack_tree_rows(Samples([[1], [2]], ["", ""], [Completion(None, [3], [0.0])] * 2, {}, 2),
+                       2, 2, PAD)
+
+
+def _rollout(seed: int, groups: int = 3, g: int = 4, p: int = 6, m: int = 5) -> Samples:
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(3, 200, rng.integers(1, p + 1)).tolist() for _ in range(groups)]
+    completions = [rng.integers(3, 200, rng.integers(1, m + 1)).tolist()
+                   for _ in range(groups * g)]
+    return samples(prompts, completions, g)
+
+
+@pytest.mark.parametrize("extra", [
+    ["grpo.loss_agg=token-mean"],
+    ["grpo.loss_agg=seq-mean-token-mean", "grpo.iterations=2", "grpo.tis_cap=2.0"],
+    ["grpo.loss_agg=seq-mean-token-sum-norm", "grpo.ratio=sequence"],
+])
+def test_tree_rows_give_the_update_of_a_row_per_sample(extra):
+    """One SGD update (beta > 0 with a copied reference, so the reference forward runs too)
+    from both layouts of the same rollout: equal loss, metrics and new weights."""
+    g, p, m = 4, 6, 5
+    rollout = _rollout(0)
+    rng = np.random.default_rng(1)
+    adv = rng.normal(size=12).astype(np.float32)
+    cfg = load_config(GRPOConfig, None, [
+        "grpo.beta=0.1", f"grpo.group_size={g}", f"grpo.max_prompt_tokens={p}",
+        f"grpo.max_new_tokens={m}", "train.batch_size=12", *extra])
+    tiny = dataclasses.replace(PRESETS["tiny"], num_layers=2, sliding_window=4,
+                               layer_types=("sliding", "global"))
+    results = []
+    for tree in (False, True):
+        rows = (pack_tree_rows if tree else pack_rows)(rollout, p, m, PAD)
+        rows["advantages"] = adv.reshape(3, g) if tree else adv
+        model = Transformer(tiny, rngs=nnx.Rngs(0))
+        graphdef, params, frozen = split_model(model, nnx.Param)
+        # Plain SGD scaled far above the weights: the update is the gradient, kept exactly.
+        opt, sched = optax.sgd(1e4), optax.constant_schedule(1e4)
+        state = new_train_state(flatten(params), opt, 0)
+        start = jax.device_get(state["params"])
+        aux = jax.tree.map(lambda x: x + 0.01, state["params"])  # a reference that differs
+        step = make_rl_step(graphdef, params, make_grpo_loss(cfg),
+                            lambda b: policy_loss_denominator(b["loss_mask"], cfg.grpo.loss_agg,
+                                                              max_len=m),
+                            # One update even with iterations=2 (which stores old log-probs
+                            # first): a second would start from SGD-scaled weights.
+                            opt, sched, accum=1, precision="fp32", epochs=1,
+                            prepare=make_prepare(cfg, graphdef, params, "copy"))
+        state, metrics = step(state, frozen, rows, aux)
+        new = jax.device_get(state["params"])
+        results.append(({k: new[k] - start[k] for k in new}, jax.device_get(metrics)))
+    (d_rows, m_rows), (d_tree, m_tree) = results
+    for key, value in m_rows.items():
+        np.testing.assert_allclose(m_tree[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+    for k in d_rows:
+        assert np.max(np.abs(d_rows[k])) > 0, k
+        assert np.max(np.abs(d_tree[k] - d_rows[k])) <= 1e-5 * np.max(np.abs(d_rows[k])), k

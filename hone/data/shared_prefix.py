@@ -50,15 +50,56 @@ def shared_sizes(pairs: Sequence) -> tuple[int, int]:
     return _round_up(row), _round_up(width)
 
 
-def empty_shared(count: int, length: int, width: int, pad_id: int) -> dict[str, np.ndarray]:
-    """`count` padding pairs: no tokens, nothing scored, pair_valid 0."""
+def branch_rows(prompts: Sequence, answers: Sequence[Sequence], pad_id: int, length: int,
+                width: int) -> dict[str, np.ndarray]:
+    """N rows [prompt | answer 1 | ... | answer A], the prompt from slot 0 and the answers back
+    to back, padding after: the row keys ([N, length]) and score_index, score_targets and
+    score_mask ([N, A, width]) of the module docstring, answer a on branch a + 1. Every row
+    has the same number A of answers; an empty answer is scored nowhere."""
+    count, branches = len(prompts), len(answers[0]) if len(answers) else 0
+    out = _empty(count, branches, length, width, pad_id)
+    for n, (prompt, row_answers) in enumerate(zip(prompts, answers)):
+        p = len(prompt)
+        used = p + sum(len(a) for a in row_answers)
+        if p < 1 or len(row_answers) != branches or used > length or max(
+                map(len, row_answers), default=0) > width:
+            raise ValueError(f"branch_rows: row {n} (a {p}-token prompt and answers of "
+                             f"{[len(a) for a in row_answers]} tokens) needs a prompt token, "
+                             f"{branches} answers of at most {width} and {used} <= {length} slots")
+        out["tokens"][n, :p], out["positions"][n, :p] = prompt, np.arange(p)
+        start = p
+        for side, answer in enumerate(row_answers):
+            a = len(answer)
+            if not a:
+                continue
+            out["tokens"][n, start:start + a] = answer
+            out["positions"][n, start:start + a] = p + np.arange(a)
+            out["branch_ids"][n, start:start + a] = side + 1
+            # Token j is predicted at the slot before it: the prompt's last token for j = 0.
+            out["score_index"][n, side, :a] = np.concatenate([[p - 1], start + np.arange(a - 1)])
+            out["score_targets"][n, side, :a] = answer
+            out["score_mask"][n, side, :a] = 1.0
+            start += a
+        out["attention_mask"][n, :start] = 1
+        out["segment_ids"][n, :start] = 1
+    return out
+
+
+def _empty(count: int, branches: int, length: int, width: int,
+           pad_id: int) -> dict[str, np.ndarray]:
+    """`count` all-padding rows of `branches` answers: no tokens, nothing scored."""
     out = {key: np.zeros((count, length), np.int32) for key in ROW_KEYS}
     out["tokens"][:] = pad_id
-    out["score_index"] = np.zeros((count, 2, width), np.int32)
-    out["score_targets"] = np.full((count, 2, width), pad_id, np.int32)
-    out["score_mask"] = np.zeros((count, 2, width), np.float32)
-    out["pair_valid"] = np.zeros(count, np.float32)
+    out["score_index"] = np.zeros((count, branches, width), np.int32)
+    out["score_targets"] = np.full((count, branches, width), pad_id, np.int32)
+    out["score_mask"] = np.zeros((count, branches, width), np.float32)
     return out
+
+
+def empty_shared(count: int, length: int, width: int, pad_id: int) -> dict[str, np.ndarray]:
+    """`count` padding pairs: no tokens, nothing scored, pair_valid 0."""
+    return dict(_empty(count, 2, length, width, pad_id),
+                pair_valid=np.zeros(count, np.float32))
 
 
 def shared_rows(pairs: Sequence, pad_id: int, length: int | None = None,
@@ -68,28 +109,7 @@ def shared_rows(pairs: Sequence, pad_id: int, length: int | None = None,
     need_s, need_k = shared_sizes(pairs)
     length = need_s if length is None else length
     width = need_k if width is None else width
-    if length < need_s or width < need_k:
-        raise ValueError(f"shared_rows: the pairs need rows of {need_s} and answers of {need_k} "
-                         f"tokens; got {length} and {width}")
-    out = empty_shared(len(pairs), length, width, pad_id)
-    out["pair_valid"][:] = 1.0
-    for n, pair in enumerate(pairs):
-        p = len(pair.prompt)
-        if p < 1:
-            raise ValueError("shared_rows: a pair needs at least one prompt token")
-        start = p
-        for side, (branch, answer) in enumerate(((1, pair.chosen), (2, pair.rejected))):
-            a = len(answer)
-            out["tokens"][n, start:start + a] = answer
-            out["positions"][n, start:start + a] = p + np.arange(a)
-            out["branch_ids"][n, start:start + a] = branch
-            # Token j is predicted at the slot before it: the prompt's last token for j = 0.
-            out["score_index"][n, side, :a] = np.concatenate([[p - 1], start + np.arange(a - 1)])
-            out["score_targets"][n, side, :a] = answer
-            out["score_mask"][n, side, :a] = 1.0
-            start += a
-        out["tokens"][n, :p] = pair.prompt
-        out["positions"][n, :p] = np.arange(p)
-        out["attention_mask"][n, :start] = 1
-        out["segment_ids"][n, :start] = 1
+    out = branch_rows([p.prompt for p in pairs], [(p.chosen, p.rejected) for p in pairs],
+                      pad_id, length, width)
+    out["pair_valid"] = np.ones(len(pairs), np.float32)
     return out

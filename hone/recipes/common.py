@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from hone.config import dump_yaml
@@ -16,6 +17,22 @@ from hone.train.oom import AccumStep
 from hone.train.optimizer import build_optimizer
 from hone.train.state import flatten, new_train_state, split_model
 from hone.train.step import make_eval_step, make_train_step, row_split
+
+
+def branch_logprobs(model, mb):
+    """Rows of one shared prompt and several answers (`hone.data.shared_prefix`): one forward
+    pass over each row, then the LM head only at the slots that predict answer tokens.
+    Returns the logits [N, A·K, V] of those slots and the log-probabilities [N, A, K] of the
+    answer tokens (score_targets; 0-masked by score_mask where there is none)."""
+    from hone.losses import token_logprobs
+    hidden = model.hidden(mb["tokens"], positions=mb["positions"],
+                          attention_mask=mb["attention_mask"], segment_ids=mb["segment_ids"],
+                          branch_ids=mb["branch_ids"])                        # [N, S, D]
+    n, answers, width = mb["score_index"].shape
+    index = mb["score_index"].reshape(n, answers * width, 1)
+    logits = model.logits_from_hidden(jnp.take_along_axis(hidden, index, axis=1))
+    targets = mb["score_targets"].reshape(n, answers * width)
+    return logits, token_logprobs(logits, targets).reshape(n, answers, width)
 
 
 def open_run(cfg) -> Path:

@@ -27,8 +27,8 @@ from hone.config import DPOConfig
 from hone.losses import token_logprobs
 from hone.losses.preference import dpo_loss, orpo_loss, sequence_logprobs, simpo_loss
 from hone.models.loading import load_tokenizer
-from hone.recipes.common import (compile_steps, load_pairs, make_layout, open_run,
-                                 summed_eval)
+from hone.recipes.common import (branch_logprobs, compile_steps, load_pairs, make_layout,
+                                 open_run, summed_eval)
 from hone.recipes.sft import build_model
 from hone.train.loop import LoopSpec, run_loop
 from hone.train.step import pair_split
@@ -60,16 +60,8 @@ def _sequence_logps(model, mb):
 
 
 def _shared_sequence_logps(model, mb):
-    """The same from [prompt | chosen | rejected] rows (`hone.data.shared_prefix`): one forward
-    pass over each row, then the LM head only at the slots that predict answer tokens."""
-    hidden = model.hidden(mb["tokens"], positions=mb["positions"],
-                          attention_mask=mb["attention_mask"], segment_ids=mb["segment_ids"],
-                          branch_ids=mb["branch_ids"])                        # [B, S, D]
-    b, sides, k = mb["score_index"].shape
-    index = mb["score_index"].reshape(b, sides * k, 1)
-    picked = jnp.take_along_axis(hidden, index, axis=1)                       # [B, 2K, D]
-    token_lp = token_logprobs(model.logits_from_hidden(picked),
-                              mb["score_targets"].reshape(b, sides * k)).reshape(b, sides, k)
+    """The same from [prompt | chosen | rejected] rows (`hone.data.shared_prefix`)."""
+    token_lp = branch_logprobs(model, mb)[1]                                 # [B, 2, K]
     mask = mb["score_mask"]
     seq, avg, lens = (sequence_logprobs(token_lp, mask),
                       sequence_logprobs(token_lp, mask, average=True), jnp.sum(mask, axis=-1))

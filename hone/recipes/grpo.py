@@ -31,7 +31,7 @@ from hone.losses import token_logprobs
 from hone.losses.rl import grpo_advantages, policy_loss, policy_loss_denominator
 from hone.models.loading import load_tokenizer
 from hone.parallel import logical_names
-from hone.recipes.common import make_layout, open_run
+from hone.recipes.common import branch_logprobs, make_layout, open_run
 from hone.recipes.dpo import reference_model
 from hone.recipes.rl_common import (RemoteReference, Rollouts, load_prompts, make_rewards,
                                     make_rl_eval, policy_means, reference_split, rl_optimizer)
@@ -80,15 +80,10 @@ def model_logp(model, mb, window: tuple[int, int] | None = None):
 def tree_logp(model, mb):
     """From tree rows (`hone.rl.rollout.pack_tree_rows`): logits [B, M, V] and log-probs [B, M]
     of every sample's tokens, B = groups x G in the rows layout's order (sample j of group k is
-    row k·G + j). One forward pass per group computes its prompt once; the LM head runs only
-    at the slots that predict sample tokens."""
-    hidden = model.hidden(mb["tokens"], positions=mb["positions"],
-                          attention_mask=mb["attention_mask"], segment_ids=mb["segment_ids"],
-                          branch_ids=mb["branch_ids"])
-    groups, g, m = mb["score_index"].shape
-    picked = jnp.take_along_axis(hidden, mb["score_index"].reshape(groups, g * m, 1), axis=1)
-    logits = model.logits_from_hidden(picked).reshape(groups * g, m, -1)
-    return logits, token_logprobs(logits, mb["score_targets"].reshape(groups * g, m))
+    row k·G + j); the prompt is computed once per group (`branch_logprobs`)."""
+    logits, logp = branch_logprobs(model, mb)
+    groups, g, m = logp.shape
+    return logits.reshape(groups * g, m, -1), logp.reshape(groups * g, m)
 
 
 def as_rows(mb) -> dict:

@@ -13,12 +13,13 @@ rows g*G .. g*G+G-1 are the samples of prompt g):
     sampler_logp    the sampler's log-probability of targets[t] (0 elsewhere)
 
 Tree layout (`pack_tree_rows`, GRPO's default): the G samples of a prompt share it, so each
-group is ONE row [prompt | sample 1 | ... | sample G] ([groups, P + G·M]: the prompt left-padded
-to P, sample j in the M slots from P + (j-1)·M on), and the model's `branch_ids` mask lets each
-sample see the prompt and itself only, its positions continuing from the prompt's end, as in a
-row of its own (`hone.data.shared_prefix` explains why that is exact). The per-token arrays are
-[groups, G, M], token t of sample j at [g, j, t]: score_index (the slot whose logits predict
-it), score_targets (the token), loss_mask, sampler_logp; per-sample arrays are [groups, G].
+group is ONE row [prompt | sample 1 | ... | sample G] ([groups, P + G·M]: the prompt from slot
+0, the samples back to back, padding after; `hone.data.shared_prefix.branch_rows`), and the
+model's `branch_ids` mask lets each sample see the prompt and itself only, its positions
+continuing from the prompt's end, as in a row of its own (`hone.data.shared_prefix` explains why
+that is exact). The per-token arrays are [groups, G, M], token t of sample j at [g, j, t]:
+score_index (the slot whose logits predict it), score_targets (the token), loss_mask,
+sampler_logp; per-sample arrays are [groups, G].
 
 Design choices:
 - The sampler reads the policy's weights as jit arguments (`hone.generate`), so each step's new
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hone.data.shared_prefix import branch_rows
 from hone.sampling.generate import Completion, generate
 
 
@@ -122,38 +124,21 @@ def pack_rows(samples: Samples, prompt_tokens: int, new_tokens: int,
 def pack_tree_rows(samples: Samples, prompt_tokens: int, new_tokens: int,
                    pad_id: int) -> dict[str, np.ndarray]:
     """The [groups, P + G·M] tree rows of a rollout (module docstring): one per prompt group."""
-    g, p, m = samples.group_size, prompt_tokens, new_tokens
+    g, m = samples.group_size, new_tokens
     groups = len(samples.completions) // g
-    length = p + g * m
-    tokens = np.full((groups, length), pad_id, np.int32)
-    mask, positions, branch = (np.zeros((groups, length), np.int32) for _ in range(3))
-    score_index = np.zeros((groups, g, m), np.int32)
-    score_targets = np.full((groups, g, m), pad_id, np.int32)
-    loss_mask = np.zeros((groups, g, m), np.float32)
-    sampler_logp = np.zeros((groups, g, m), np.float32)
+    prompts, answers = [], []
     for k in range(groups):
         prompt = samples.prompt_ids[k * g]
         if any(samples.prompt_ids[k * g + j] != prompt for j in range(g)):
             raise ValueError(f"pack_tree_rows: the samples of group {k} have different prompts")
-        n = len(prompt)
-        tokens[k, p - n:p], mask[k, p - n:p], positions[k, p - n:p] = prompt, 1, np.arange(n)
-        for j in range(g):
-            out = samples.completions[k * g + j]
-            c, start = len(out.tokens), p + j * m
-            if not c:
-                continue
-            tokens[k, start:start + c] = out.tokens
-            mask[k, start:start + c] = 1
-            positions[k, start:start + c] = n + np.arange(c)
-            branch[k, start:start + c] = j + 1
-            # Token t is predicted at the slot before it: the prompt's last one for t = 0.
-            score_index[k, j, :c] = np.concatenate([[p - 1], start + np.arange(c - 1)])
-            score_targets[k, j, :c] = out.tokens
-            loss_mask[k, j, :c] = 1.0
-            sampler_logp[k, j, :c] = out.logprobs
-    return {"tokens": tokens, "attention_mask": mask, "positions": positions,
-            "segment_ids": mask.copy(), "branch_ids": branch, "score_index": score_index,
-            "score_targets": score_targets, "loss_mask": loss_mask, "sampler_logp": sampler_logp}
+        prompts.append(prompt)
+        answers.append([samples.completions[k * g + j].tokens for j in range(g)])
+    rows = branch_rows(prompts, answers, pad_id, prompt_tokens + g * m, m)
+    rows["loss_mask"] = rows.pop("score_mask")
+    rows["sampler_logp"] = np.zeros((groups, g, m), np.float32)
+    for r, out in enumerate(samples.completions):
+        rows["sampler_logp"][r // g, r % g, :len(out.logprobs)] = out.logprobs
+    return rows
 
 
 def completion_stats(samples: Samples, new_tokens: int) -> dict[str, float]:

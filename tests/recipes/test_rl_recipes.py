@@ -6,25 +6,20 @@ import dataclasses
 import json
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from flax import nnx
 
 import hone
 import rl_toy_rewards
+from grpo_sgd import sgd_update
 from hone.config import GRPOConfig, PPOConfig, load_config
 from hone.models.config import PRESETS
 from hone.models.transformer import Transformer
-from hone.recipes.grpo import (diagnostics, make_grpo_loss, make_prepare, model_logp,
-                               run_grpo)
+from hone.recipes.grpo import diagnostics, make_prepare, model_logp, run_grpo
 from hone.recipes.ppo import run_ppo
-from hone.losses.rl import policy_loss_denominator
-from hone.rl.step import make_rl_step
 from hone.train.loop import Interrupted
-from hone.train.state import flatten, new_train_state, split_model
 
 ROOT = Path(__file__).resolve().parents[2]
 QUIET = dict(log=lambda s: None)
@@ -117,8 +112,7 @@ def test_completion_window_gives_the_full_rows_log_probabilities_and_diagnostics
     ("token-mean", "token", 1), ("seq-mean-token-mean", "token", 1),
     ("seq-mean-token-sum-norm", "token", 1), ("token-mean", "sequence", 2)])
 def test_update_does_not_depend_on_the_micro_batch_split(agg, ratio, iterations):
-    # iterations=2 makes the step compute and store old log-probabilities before updating
-    # (one update here: the second would start from SGD-scaled weights).
+    # iterations=2 makes the step compute and store old log-probabilities before updating.
     batch = _synthetic_rollout(np.random.default_rng(0))
     updated = []
     for accum in (1, 4):
@@ -128,29 +122,13 @@ def test_update_does_not_depend_on_the_micro_batch_split(agg, ratio, iterations)
             "grpo.clip_eps=0.1",
             "train.batch_size=8", f"train.grad_accum={accum}"])
         # One layer: the property is about the loss and the step, and compiles are the cost.
-        model = Transformer(dataclasses.replace(PRESETS["tiny"], num_layers=1,
-                                                layer_types=("global",)),
-                            rngs=nnx.Rngs(0))
-        graphdef, params, frozen = split_model(model, nnx.Param)
-        # Plain SGD: the update is the gradient, scaled so far above the weights that the
-        # float32 sum weight + update keeps the update's own precision. (Adam divides each
-        # gradient by its own size: rounding on a near-zero gradient would flip its sign.)
-        opt, sched = optax.sgd(1e4), optax.constant_schedule(1e4)
-        state = new_train_state(flatten(params), opt, 0)
-        start = jax.device_get(state["params"])
-        aux = jax.tree.map(lambda x: x + 0.01, state["params"])  # a reference that differs
-        step = make_rl_step(graphdef, params, make_grpo_loss(cfg),
-                            lambda b: policy_loss_denominator(b["loss_mask"], agg, max_len=16),
-                            opt, sched, accum=accum, precision="fp32", epochs=1,
-                            prepare=make_prepare(cfg, graphdef, params, "copy"))
-        state, metrics = step(state, frozen, batch, aux)
-        updated.append((jax.device_get(state["params"]), float(metrics["loss"])))
-    (a, la), (b, lb) = updated
-    assert la == pytest.approx(lb, rel=1e-6)
-    for k in a:
-        da, db = a[k] - start[k], b[k] - start[k]
-        assert np.max(np.abs(da)) > 0, k
-        assert np.max(np.abs(da - db)) <= 1e-6 * np.max(np.abs(da)), k
+        updated.append(sgd_update(cfg, dataclasses.replace(
+            PRESETS["tiny"], num_layers=1, layer_types=("global",)), batch))
+    (da, ma), (db, mb) = updated
+    assert float(ma["loss"]) == pytest.approx(float(mb["loss"]), rel=1e-6)
+    for k in da:
+        assert np.max(np.abs(da[k])) > 0, k
+        assert np.max(np.abs(da[k] - db[k])) <= 1e-6 * np.max(np.abs(da[k])), k
 
 
 def test_dynamic_sampling_refills_groups_whose_rewards_are_equal(tmp_path):

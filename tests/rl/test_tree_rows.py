@@ -3,21 +3,14 @@ sample: the layout by hand, and the same GRPO update (loss, metrics, new weights
 
 import dataclasses
 
-import jax
 import numpy as np
-import optax
 import pytest
-from flax import nnx
+from grpo_sgd import sgd_update
 
 from hone.config import GRPOConfig, load_config
-from hone.losses.rl import policy_loss_denominator
 from hone.models.config import PRESETS
-from hone.models.transformer import Transformer
-from hone.recipes.grpo import make_grpo_loss, make_prepare
 from hone.rl.rollout import Samples, pack_rows, pack_tree_rows
-from hone.rl.step import make_rl_step
 from hone.sampling.generate import Completion
-from hone.train.state import flatten, new_train_state, split_model
 
 PAD = 0
 
@@ -32,14 +25,14 @@ def samples(prompts, completions, g) -> Samples:
 
 def test_layout_by_hand():
     rows = pack_tree_rows(samples([[5, 6]], [[7, 8, 9], [10]], 2), 3, 3, PAD)
-    # P = 3 (prompt left-padded), then M = 3 slots per sample: S = 3 + 2 * 3 = 9.
-    assert rows["tokens"][0].tolist() == [PAD, 5, 6, 7, 8, 9, 10, PAD, PAD]
-    assert rows["attention_mask"][0].tolist() == [0, 1, 1, 1, 1, 1, 1, 0, 0]
-    assert rows["positions"][0].tolist() == [0, 0, 1, 2, 3, 4, 2, 0, 0]
-    assert rows["branch_ids"][0].tolist() == [0, 0, 0, 1, 1, 1, 2, 0, 0]
-    # Sample 1's tokens 7, 8, 9 are predicted at slots 2 (the prompt's last), 3, 4; sample
-    # 2's token 10 at slot 2 as well.
-    assert rows["score_index"][0].tolist() == [[2, 3, 4], [2, 0, 0]]
+    # Rows of P + G x M = 3 + 2 x 3 = 9 slots: the prompt from slot 0, the samples after it.
+    assert rows["tokens"][0].tolist() == [5, 6, 7, 8, 9, 10, PAD, PAD, PAD]
+    assert rows["attention_mask"][0].tolist() == [1, 1, 1, 1, 1, 1, 0, 0, 0]
+    assert rows["positions"][0].tolist() == [0, 1, 2, 3, 4, 2, 0, 0, 0]
+    assert rows["branch_ids"][0].tolist() == [0, 0, 1, 1, 1, 2, 0, 0, 0]
+    # Sample 1's tokens 7, 8, 9 are predicted at slots 1 (the prompt's last), 2, 3; sample
+    # 2's token 10 at slot 1 as well.
+    assert rows["score_index"][0].tolist() == [[1, 2, 3], [1, 0, 0]]
     assert rows["score_targets"][0].tolist() == [[7, 8, 9], [10, PAD, PAD]]
     assert rows["loss_mask"][0].tolist() == [[1, 1, 1], [1, 0, 0]]
     np.testing.assert_allclose(rows["sampler_logp"][0, 0], [-0.5, -0.6, -0.7])
@@ -77,23 +70,7 @@ def test_tree_rows_give_the_update_of_a_row_per_sample(extra):
     for tree in (False, True):
         rows = (pack_tree_rows if tree else pack_rows)(rollout, p, m, PAD)
         rows["advantages"] = adv.reshape(3, g) if tree else adv
-        model = Transformer(tiny, rngs=nnx.Rngs(0))
-        graphdef, params, frozen = split_model(model, nnx.Param)
-        # Plain SGD scaled far above the weights: the update is the gradient, kept exactly.
-        opt, sched = optax.sgd(1e4), optax.constant_schedule(1e4)
-        state = new_train_state(flatten(params), opt, 0)
-        start = jax.device_get(state["params"])
-        aux = jax.tree.map(lambda x: x + 0.01, state["params"])  # a reference that differs
-        step = make_rl_step(graphdef, params, make_grpo_loss(cfg),
-                            lambda b: policy_loss_denominator(b["loss_mask"], cfg.grpo.loss_agg,
-                                                              max_len=m),
-                            # One update even with iterations=2 (which stores old log-probs
-                            # first): a second would start from SGD-scaled weights.
-                            opt, sched, accum=1, precision="fp32", epochs=1,
-                            prepare=make_prepare(cfg, graphdef, params, "copy"))
-        state, metrics = step(state, frozen, rows, aux)
-        new = jax.device_get(state["params"])
-        results.append(({k: new[k] - start[k] for k in new}, jax.device_get(metrics)))
+        results.append(sgd_update(cfg, tiny, rows))
     (d_rows, m_rows), (d_tree, m_tree) = results
     for key, value in m_rows.items():
         np.testing.assert_allclose(m_tree[key], value, rtol=1e-5, atol=1e-6, err_msg=key)

@@ -140,7 +140,7 @@ def make_prepare(cfg: GRPOConfig, graphdef, template, mode: str | None):
 
     def logp_of(model, mb):  # [B, L] rows, or [groups, G, M] for tree rows
         if "branch_ids" in mb:
-            return tree_logp(model, mb)[1].reshape(mb["score_index"].shape)
+            return branch_logprobs(model, mb)[1]
         return model_logp(model, mb, window)[1]
 
     def prepare(state, frozen, batch, aux):

@@ -111,9 +111,8 @@ def accuracy(model, tokenizer, path: str, *, samples: int = 1, temperature: floa
                              "completion is checked against (as in builtin:arithmetic-rl-eval)",
                              path=data.path, key="answer")
     references = [str(r["answer"]) for r in data.records]
-    rows = [ids for ids in data.ids for _ in range(samples)]  # prompt-major: k rows each
-    outs = complete(model, tokenizer, rows, max_new_tokens=max_new_tokens,
-                    temperature=temperature, seed=seed, batch_size=batch_size)
+    outs = complete(model, tokenizer, data.ids, max_new_tokens=max_new_tokens,  # prompt-major
+                    temperature=temperature, seed=seed, batch_size=batch_size, n=samples)
     texts = [o.text for o in outs]
     completions = [texts[i * samples:(i + 1) * samples] for i in range(data.num_prompts)]
     result = score(completions, references, check=check, extract=extract)

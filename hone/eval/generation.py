@@ -32,15 +32,17 @@ def load_prompts(tokenizer, path: str, *, context: int, max_new_tokens: int,
 
 
 def complete(model, tokenizer, prompts: list[list[int]], *, max_new_tokens: int,
-             temperature: float = 0.0, seed: int = 0, batch_size: int = 32) -> list:
-    """One `hone.sampling.generate.Completion` per prompt (token ids), in order."""
+             temperature: float = 0.0, seed: int = 0, batch_size: int = 32, n: int = 1) -> list:
+    """n `hone.sampling.generate.Completion`s per prompt (token ids), prompt by prompt; a call
+    samples about batch_size rows (whole prompts, each prefilled once for its n samples)."""
     from hone.sampling.generate import bucket, generate
     if not isinstance(batch_size, int) or batch_size < 1:
         raise InputError(f"must be a positive integer, got {batch_size!r}", key="--batch-size")
     longest = bucket(max(len(p) for p in prompts))  # what an unpadded call would pick
+    per_call = max(1, batch_size // n)
     out = []
-    for call, start in enumerate(range(0, len(prompts), batch_size)):
-        out += generate(model, tokenizer, prompts[start:start + batch_size],
+    for call, start in enumerate(range(0, len(prompts), per_call)):
+        out += generate(model, tokenizer, prompts[start:start + per_call],
                         max_new_tokens=max_new_tokens, temperature=temperature, seed=seed + call,
-                        min_prompt_bucket=longest)
+                        min_prompt_bucket=longest, n=n)
     return out

@@ -91,10 +91,10 @@ def sample(model, tokenizer, prompt_ids: list[list[int]], prompt_texts: list[str
     prompts to at least this many tokens (max_prompt_tokens: one compiled shape per run)."""
     g = group_size
     ids = [p for p in prompt_ids for _ in range(g)]
-    outs = generate(model, tokenizer, ids, max_new_tokens=max_new_tokens,
+    outs = generate(model, tokenizer, prompt_ids, max_new_tokens=max_new_tokens,
                     temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                     min_prompt_bucket=max(len(x) for x in prompt_ids) if prompt_bucket is None
-                    else prompt_bucket)
+                    else prompt_bucket, n=g)  # one prefill per prompt for its G samples
     return Samples(ids, [t for t in prompt_texts for _ in range(g)], outs,
                    {k: [x for x in v for _ in range(g)] for k, v in columns.items()}, g)
 

@@ -10,6 +10,10 @@ Design choices:
 - Each step's random key is `fold_in(seed_key, step)`, so the samples do not depend on how the
   loop is cut into calls (streaming or not).
 - The cache and loop state are donated: the cache is updated in place.
+- `copies` samples per prompt (RL's groups, pass@k) share one prefill: the prompts are run once
+  and their cache rows and last logits repeated, row i·copies + j holding copy j of prompt i.
+  The first token is drawn from the repeated logits with the same key over the whole batch, so
+  the samples are those of a batch that lists every prompt `copies` times.
 """
 
 from __future__ import annotations
@@ -31,16 +35,28 @@ TRACES: collections.Counter = collections.Counter()
 State = dict[str, Any]
 
 
-@partial(jax.jit, static_argnames=("graphdef", "mode", "total", "cache_dtype"))
+def _repeat_rows(cache, logits, positions, valid, copies: int):
+    """Each prompt's cache rows, logits, positions and validity repeated `copies` times."""
+    rep = lambda x: jnp.repeat(x, copies, axis=0)  # noqa: E731
+    cache = {"k": [rep(k) for k in cache["k"]], "v": [rep(v) for v in cache["v"]],
+             "index": cache["index"], "valid": {t: rep(v) for t, v in cache["valid"].items()}}
+    return cache, rep(logits), rep(positions), rep(valid)
+
+
+@partial(jax.jit, static_argnames=("graphdef", "mode", "total", "cache_dtype", "copies"))
 def prefill(graphdef, params, tokens, valid, key, temperature, top_p, *, mode: SamplingMode,
-            total: int, cache_dtype) -> State:
-    """Prompts tokens/valid [B, P] (left-padded) -> decode state with the first new token."""
+            total: int, cache_dtype, copies: int = 1) -> State:
+    """Prompts tokens/valid [B, P] (left-padded) -> decode state of B·copies rows with the first
+    new token."""
     TRACES["prefill"] += 1
     model = nnx.merge(graphdef, params)
     b, p = tokens.shape
     positions = jnp.maximum(jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1, 0)
     cache = init_cache(model, b, total, cache_dtype)
     logits, cache = forward_cached(model, cache, tokens, positions, valid, jnp.int32(0))
+    if copies > 1:
+        cache, logits, positions, valid = _repeat_rows(cache, logits, positions, valid, copies)
+        b *= copies
     token, lp, slp = choose(logits, jax.random.fold_in(key, 0), mode, temperature, top_p)
     n = total - p
     return {

@@ -97,15 +97,17 @@ def test_pass_and_majority_arithmetic():
 
 
 def test_accuracy_with_fixed_samples(monkeypatch):
-    """generate replaced by fixed texts: k = 3 samples of 2 prompts, 2 rows per call."""
+    """generate replaced by fixed texts: k = 3 samples of 2 prompts, batch 2: a call per
+    prompt (a prompt's samples share one call, and its prefill)."""
     import hone.sampling.generate as gen
     texts = iter(["The answer is 7.", "7", "3",   # prompt 1, reference 7
                   "5", "4", "5"])                 # prompt 2, reference 3
     calls = []
 
     def fake(model, tokenizer, prompts, **kw):
-        calls.append((len(prompts), kw["temperature"], kw["seed"]))
-        return [Completion(text=next(texts), tokens=[], logprobs=[]) for _ in prompts]
+        calls.append((len(prompts), kw["n"], kw["temperature"], kw["seed"]))
+        return [Completion(text=next(texts), tokens=[], logprobs=[])
+                for _ in range(len(prompts) * kw["n"])]
 
     monkeypatch.setattr(gen, "generate", fake)
     model = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=512))
@@ -113,7 +115,7 @@ def test_accuracy_with_fixed_samples(monkeypatch):
                {"prompt": "Anna has 6 - 3?", "answer": 3}]
     r = accuracy(model, hone.load_tokenizer("tiny"), "<hand>", records=records, samples=3,
                  temperature=0.5, batch_size=2)
-    assert calls == [(2, 0.5, 0), (2, 0.5, 1), (2, 0.5, 2)]
+    assert calls == [(1, 3, 0.5, 0), (1, 3, 0.5, 1)]
     assert r.completions == [["The answer is 7.", "7", "3"], ["5", "4", "5"]]
     assert (r.pass_at_1, r.pass_at_k, r.majority_at_k) == (pytest.approx(1 / 3), 0.5, 0.5)
 

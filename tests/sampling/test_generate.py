@@ -98,6 +98,25 @@ def test_eos_stops_a_row_and_is_reported(tmp_path):
             assert o.tokens == f.tokens and o.finish_reason == "length"
 
 
+@pytest.mark.parametrize("name, n", [("llama", 4), ("gemma3_text", 3)])
+def test_n_samples_per_prompt_are_those_of_the_prompts_listed_n_times(name, n, tmp_path):
+    # One prefill per prompt, its cache rows repeated: the same samples as a batch that lists
+    # every prompt n times, with log-probabilities still equal to teacher-forced ones.
+    _, folder = hf_model(name, tmp_path)
+    model = hone.load_model(folder)
+    prompts = mixed_prompts(n=3, seed=6)
+    kw = dict(max_new_tokens=10, temperature=1.0, top_k=30, seed=3, eos_ids=())
+    shared = generate(model, None, prompts, n=n, **kw)
+    listed = generate(model, None, [p for p in prompts for _ in range(n)], **kw)
+    assert len(shared) == 3 * n
+    assert [o.tokens for o in shared] == [o.tokens for o in listed]
+    assert len({tuple(o.tokens) for o in shared[:n]}) > 1  # the n copies sample differently
+    for i, o in enumerate(shared):
+        assert np.abs(np.array(o.logprobs) - np.array(listed[i].logprobs)).max() <= 1e-5
+        tf = teacher_forced(model, prompts[i // n], o.tokens)
+        assert np.abs(tf - np.array(o.logprobs)).max() <= TOL
+
+
 def test_no_recompilation_for_same_buckets_or_new_weights():
     model = hone.load_model("tiny")
     generate(model, None, [[1, 2, 3], [4, 5]], max_new_tokens=5)
@@ -127,6 +146,7 @@ def test_sliding_window_ring_buffer_beyond_window(tmp_path):
     (dict(top_k=0), "top_k"),
     (dict(temperature=-1.0), "temperature"),
     (dict(prompts=["text"]), "prompts[0]"),
+    (dict(n=0), "n"),
 ])
 def test_bad_input_is_refused_before_compiling(kwargs, key):
     model = hone.load_model("tiny")

@@ -129,3 +129,14 @@ def test_command_line_overrides_name_a_stage(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "'stages[2].overrides'" in err and "train.max_steps" in err, err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("path", sorted(ROOT.glob("configs/*/pipeline*.yaml")),
+                         ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_shipped_pipeline_plans(path):
+    # Planning loads every stage's config with the pipeline's overrides: a typo fails here.
+    planned = plan(load_pipeline(path), path)
+    assert [p.stage.name for p in planned] == [s["name"] for s in
+                                                 yaml.safe_load(path.read_text())["stages"]]
+    for p in planned[1:]:  # each later stage starts from an earlier stage's model
+        assert p.model_from in [q.stage.name for q in planned[:p.index]]

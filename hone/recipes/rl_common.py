@@ -28,7 +28,7 @@ from hone.losses import token_logprobs
 from hone.parallel.roles import FrozenRole, split_devices
 from hone.rl.prompts import PromptData
 from hone.rl.rollout import (Samples, completion_stats, pack_rows, pack_tree_rows, sample,
-                             step_seed)
+                             step_seed, tree_width)
 from hone.rl.step import chunked
 from hone.train.state import flatten, unflatten
 from hone.train.step import merge
@@ -148,8 +148,13 @@ class Rollouts:
                 for name, count in part.events.items():
                     events[name] = events.get(name, 0) + count
             result = _concat_results([_take(parts[p][1], k, g) for p, k in chosen], events)
-        rows = (pack_tree_rows if self.tree else pack_rows)(
-            samples, self.s.max_prompt_tokens, self.s.max_new_tokens, self.tokenizer.pad_id)
+        if self.tree:  # samples' slots only as wide as this rollout's completions need
+            rows = pack_tree_rows(samples, self.s.max_prompt_tokens,
+                                  tree_width(samples, self.s.max_new_tokens),
+                                  self.tokenizer.pad_id)
+        else:
+            rows = pack_rows(samples, self.s.max_prompt_tokens, self.s.max_new_tokens,
+                             self.tokenizer.pad_id)
         metrics = self.metrics(samples, result)
         if g > 1:
             metrics.update(zero_std_fraction=float(np.mean(first_zero)),

@@ -141,6 +141,18 @@ def pack_tree_rows(samples: Samples, prompt_tokens: int, new_tokens: int,
     return rows
 
 
+def tree_width(samples: Samples, new_tokens: int) -> int:
+    """The per-sample width M of this rollout's tree rows: its longest completion rounded up to
+    a step of a quarter of new_tokens (at least 8 tokens), at most new_tokens. Slots past every
+    completion hold only padding, so dropping them changes no number, while a run whose
+    completions are shorter than the limit scores shorter rows; the steps bound how many widths
+    (compilations of the update) a run meets."""
+    step = max(8, -(-new_tokens // 4))
+    step = -(-step // 8) * 8
+    longest = max(1, max(samples.lengths))
+    return min(new_tokens, -(-longest // step) * step)
+
+
 def completion_stats(samples: Samples, new_tokens: int) -> dict[str, float]:
     """Completion lengths (tokens) and the share that hit the token limit."""
     lengths = np.asarray(samples.lengths, np.float32)

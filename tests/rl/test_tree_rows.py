@@ -9,7 +9,7 @@ from grpo_sgd import sgd_update
 
 from hone.config import GRPOConfig, load_config
 from hone.models.config import PRESETS
-from hone.rl.rollout import Samples, pack_rows, pack_tree_rows
+from hone.rl.rollout import Samples, pack_rows, pack_tree_rows, tree_width
 from hone.sampling.generate import Completion
 
 PAD = 0
@@ -63,17 +63,29 @@ def test_tree_rows_give_the_update_of_a_row_per_sample(extra):
     adv = rng.normal(size=12).astype(np.float32)
     cfg = load_config(GRPOConfig, None, [
         "grpo.beta=0.1", f"grpo.group_size={g}", f"grpo.max_prompt_tokens={p}",
-        f"grpo.max_new_tokens={m}", "train.batch_size=12", *extra])
+        f"grpo.max_new_tokens={m + 2}", "train.batch_size=12", *extra])
     tiny = dataclasses.replace(PRESETS["tiny"], num_layers=2, sliding_window=4,
                                layer_types=("sliding", "global"))
+    longest = max(rollout.lengths)
+    assert longest < m + 2  # the trimmed tree rows below are narrower than the limit
     results = []
-    for tree in (False, True):
-        rows = (pack_tree_rows if tree else pack_rows)(rollout, p, m, PAD)
+    for tree, width in ((False, m + 2), (True, m + 2), (True, longest)):
+        rows = (pack_tree_rows if tree else pack_rows)(rollout, p, width, PAD)
         rows["advantages"] = adv.reshape(3, g) if tree else adv
         results.append(sgd_update(cfg, tiny, rows))
-    (d_rows, m_rows), (d_tree, m_tree) = results
-    for key, value in m_rows.items():
-        np.testing.assert_allclose(m_tree[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
-    for k in d_rows:
-        assert np.max(np.abs(d_rows[k])) > 0, k
-        assert np.max(np.abs(d_tree[k] - d_rows[k])) <= 1e-5 * np.max(np.abs(d_rows[k])), k
+    (d_rows, m_rows), *trees = results
+    for d_tree, m_tree in trees:
+        for key, value in m_rows.items():
+            np.testing.assert_allclose(m_tree[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+        for k in d_rows:
+            assert np.max(np.abs(d_rows[k])) > 0, k
+            assert np.max(np.abs(d_tree[k] - d_rows[k])) <= 1e-5 * np.max(np.abs(d_rows[k])), k
+
+
+def test_tree_width_steps():
+    def width(longest, limit):
+        return tree_width(samples([[1]], [[5] * longest, [6]], 2), limit)
+    assert [width(n, 32) for n in (1, 8, 9, 17, 25, 32)] == [8, 8, 16, 24, 32, 32]
+    assert [width(n, 48) for n in (1, 16, 17, 33, 48)] == [16, 16, 32, 48, 48]  # steps of 16
+    assert [width(n, 5) for n in (1, 3, 5)] == [5, 5, 5]  # never past the limit
+    assert [width(n, 256) for n in (1, 65, 200)] == [64, 128, 256]

@@ -158,6 +158,11 @@ class PPOSection(RolloutKeys):
     # its forward a separate program; an EMA reference's weights are sent there every step);
     # 0 = the reference runs inside the policy's step.
     reference_devices: int = field(default=0, metadata={"min": 0})
+    # Score each prompt once for its group (as grpo.shared_prompt): one row [prompt | sample 1 |
+    # ... | sample G], the policy, critic and reference read at the samples' slots only. Used
+    # unless the reference has devices of its own or the groups do not split into minibatches x
+    # train.grad_accum micro-batches; false: a row per sample.
+    shared_prompt: bool = True
 
 
 @dataclass(frozen=True)

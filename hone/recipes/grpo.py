@@ -158,14 +158,15 @@ def make_prepare(cfg: GRPOConfig, graphdef, template, mode: str | None):
     return prepare
 
 
-def tree_layout(cfg: GRPOConfig, remote: bool = False, shards: int = 1) -> bool:
-    """Whether the update scores tree rows (one per prompt group): asked for by
-    grpo.shared_prompt, and possible unless the reference runs on its own devices (its program
+def tree_layout(cfg, remote: bool = False, shards: int = 1, minibatches: int = 1) -> bool:
+    """Whether the update scores tree rows (one per prompt group): asked for by the RL section's
+    shared_prompt, and possible unless the reference runs on its own devices (its program
     scores one row per sample) or the groups do not split evenly over the `shards` data
-    shards of the mesh and their train.grad_accum micro-batches."""
-    groups = cfg.train.batch_size // cfg.grpo.group_size
-    return (cfg.grpo.shared_prompt and not remote
-            and groups % (shards * cfg.train.grad_accum) == 0)
+    shards of the mesh, the `minibatches` and their train.grad_accum micro-batches."""
+    section = getattr(cfg, cfg.SECTION)
+    groups = cfg.train.batch_size // section.group_size
+    return (section.shared_prompt and not remote
+            and groups % (shards * minibatches * cfg.train.grad_accum) == 0)
 
 
 def run_grpo(cfg: GRPOConfig, *, log=print):

@@ -10,6 +10,11 @@ Each step: sample completions with the current policy, score each with the rewar
 4. updates the adaptive KL coefficient (Ziegler et al.: kl_coef *= 1 + clip(KL/target - 1,
    -0.2, 0.2) * B / horizon) and the EMA reference, both part of the checkpointed state.
 
+With `ppo.shared_prompt` (the default) a rollout is laid out as GRPO's tree rows, one row per
+prompt group with the prompt computed once; the per-sample arrays ([groups, G, M] in the batch,
+so minibatches draw whole groups) are flattened to [groups·G, M] for the KL-shaped rewards, GAE
+and the losses, which are then those of a row per sample.
+
 With `ppo.reference_devices: N` the reference runs on the last N devices instead
 (`RemoteReference`) and its log-probabilities arrive with the batch. The EMA stays in the
 policy's state (it is checkpointed there); its weights are sent to the reference's devices
@@ -28,8 +33,8 @@ from hone.losses import token_logprobs
 from hone.losses.rl import gae, policy_loss, value_loss, whiten
 from hone.models.loading import load_tokenizer
 from hone.parallel import logical_names
-from hone.recipes.common import make_layout, open_run
-from hone.recipes.grpo import diagnostics, reference_mode
+from hone.recipes.common import branch_logprobs, make_layout, open_run
+from hone.recipes.grpo import diagnostics, reference_mode, tree_layout
 from hone.recipes.rl_common import (RemoteReference, Rollouts, load_prompts, make_rewards,
                                     make_rl_eval, policy_means, reference_split, rl_optimizer)
 from hone.recipes.sft import build_model
@@ -47,6 +52,29 @@ def policy_part(flat: dict) -> dict:
     return {k[len(_POLICY):]: v for k, v in flat.items() if k.startswith(_POLICY)}
 
 
+# Per-sample arrays of tree rows: [groups, G, ...] in the batch, [groups·G, ...] in the math.
+_PER_SAMPLE = ("loss_mask", "sampler_logp", "old_logp", "ref_logp", "old_values", "returns",
+               "advantages", "scores")
+
+
+def flat_samples(mb: dict) -> dict:
+    """A tree batch with its per-sample arrays as one row per sample ([groups·G, ...])."""
+    return dict(mb, **{k: mb[k].reshape((-1,) + mb[k].shape[2:]) for k in _PER_SAMPLE
+                       if k in mb})
+
+
+def scored(model: ActorCritic, mb) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(logits, log-probs of the targets, values) of a batch: [B, L(, V)] for rows, and for
+    tree rows [groups·G, M(, V)] at the samples' slots only."""
+    if "branch_ids" not in mb:
+        logits, values = model(mb["tokens"], mb["positions"], mb["attention_mask"])
+        return logits, token_logprobs(logits, mb["targets"]), values
+    logits, values = model.branch_slots(mb)
+    n, g, m = mb["score_index"].shape
+    logp = token_logprobs(logits, mb["score_targets"].reshape(n, g * m))
+    return logits.reshape(n * g, m, -1), logp.reshape(n * g, m), values.reshape(n * g, m)
+
+
 def last_token(mask: jax.Array) -> jax.Array:
     """1 at the last completion token of each row of a [B, L] mask."""
     nxt = jnp.concatenate([mask[:, 1:], jnp.zeros_like(mask[:, :1])], axis=1)
@@ -57,8 +85,9 @@ def make_ppo_loss(cfg: PPOConfig):
     p = cfg.ppo
 
     def loss_fn(model: ActorCritic, mb, normalizer, key, aux):
-        logits, values = model(mb["tokens"], mb["positions"], mb["attention_mask"])
-        logp = token_logprobs(logits, mb["targets"])
+        logits, logp, values = scored(model, mb)
+        if "branch_ids" in mb:
+            mb = flat_samples(mb)
         mask = mb["loss_mask"]
         pl, pm = policy_loss(logp, mb["old_logp"], mb["advantages"], mask, clip_eps=p.clip_eps,
                              agg="token-mean", denominator=normalizer)
@@ -82,39 +111,50 @@ def make_prepare(cfg: PPOConfig, graphdef, template, policy_trainable, mode: str
         ref_params = {"copy": aux, "ema": state.get("ema"), "adapters_off": None,
                       None: None}[mode]
 
+        tree = "branch_ids" in batch
+
         def score(mb):
             model = merge(graphdef, template, state["params"], frozen, precision)
-            logits, values = model(mb["tokens"], mb["positions"], mb["attention_mask"])
-            out = {"old_logp": token_logprobs(logits, mb["targets"]), "old_values": values}
+            _, logp, values = scored(model, mb)
+            if tree:  # back to the batch's [groups, G, M], so micro-batches concatenate
+                logp, values = (x.reshape(mb["score_index"].shape) for x in (logp, values))
+            out = {"old_logp": logp, "old_values": values}
             if mode is None:  # no KL term: no reference forward pass
                 out["ref_logp"] = out["old_logp"]
             elif remote:  # computed on the reference's own devices
                 out["ref_logp"] = mb["ref_logp"]
             else:
                 ref = policy_reference(model, policy_trainable, ref_params)
-                ref_logits = ref(mb["tokens"], positions=mb["positions"],
-                                 attention_mask=mb["attention_mask"])
-                out["ref_logp"] = token_logprobs(ref_logits, mb["targets"])
+                if tree:
+                    out["ref_logp"] = branch_logprobs(ref, mb)[1]
+                else:
+                    ref_logits = ref(mb["tokens"], positions=mb["positions"],
+                                     attention_mask=mb["attention_mask"])
+                    out["ref_logp"] = token_logprobs(ref_logits, mb["targets"])
             return jax.lax.stop_gradient(out)
 
         out = chunked(score, batch, cfg.train.grad_accum)
-        mask = batch["loss_mask"]
-        kl = (out["old_logp"] - out["ref_logp"]) * mask  # [B, L]
-        rewards = -state["kl_coef"] * kl + last_token(mask) * batch["scores"][:, None]
-        adv, returns = gae(rewards, out["old_values"], mask, gamma=p.gamma, lam=p.lam)
+        flat = flat_samples(dict(batch, **out)) if tree else dict(batch, **out)
+        mask = flat["loss_mask"]
+        kl = (flat["old_logp"] - flat["ref_logp"]) * mask  # [B, L] (tree rows: [B, M])
+        rewards = -state["kl_coef"] * kl + last_token(mask) * flat["scores"][:, None]
+        adv, returns = gae(rewards, flat["old_values"], mask, gamma=p.gamma, lam=p.lam)
         if p.whiten_advantages:
             adv = whiten(adv, mask) * mask
         rows = jnp.maximum(jnp.sum(jnp.any(mask > 0, axis=1)), 1)
+        tokens = jnp.maximum(jnp.sum(mask), 1)
         metrics = {"kl_seq": jnp.sum(kl) / rows, "kl_coef": state["kl_coef"],
-                   "score_mean": jnp.mean(batch["scores"]),
-                   "value_mean": jnp.sum(out["old_values"] * mask) / jnp.maximum(jnp.sum(mask), 1),
-                   "return_mean": jnp.sum(returns * mask) / jnp.maximum(jnp.sum(mask), 1)}
+                   "score_mean": jnp.mean(flat["scores"]),
+                   "value_mean": jnp.sum(flat["old_values"] * mask) / tokens,
+                   "return_mean": jnp.sum(returns * mask) / tokens}
+        if tree:
+            adv, returns = (x.reshape(batch["loss_mask"].shape) for x in (adv, returns))
         return dict(batch, **out, advantages=adv, returns=returns), metrics
 
     def finish(state, batch, metrics):
         if p.kl_target is not None:
             error = jnp.clip(metrics["kl_seq"] / p.kl_target - 1.0, -0.2, 0.2)
-            n = batch["tokens"].shape[0]
+            n = batch["scores"].size  # completions (tree rows hold G per row)
             state = dict(state, kl_coef=state["kl_coef"] * (1.0 + error * n / p.kl_horizon))
         if mode == "ema":
             d = p.ema_decay
@@ -179,14 +219,19 @@ def run_ppo(cfg: PPOConfig, *, log=print):
         accum=cfg.train.grad_accum, precision=cfg.train.precision, epochs=p.epochs,
         minibatches=p.minibatches, prepare=prepare_fn, finish=finish_fn, layout=layout)
 
-    data_iter = prompts.iterator(cfg.train.batch_size // p.group_size, cfg.train.seed)
+    groups = cfg.train.batch_size // p.group_size
+    tree = tree_layout(cfg, remote=reference is not None, shards=layout.shards,
+                       minibatches=p.minibatches)
+    log(f"rollout rows: {'one per prompt, its samples sharing it' if tree else 'one per sample'}")
+    data_iter = prompts.iterator(groups, cfg.train.seed)
     rollouts = Rollouts(cfg, p, pol_graphdef, pol_params, pol_frozen, tokenizer, prompts,
-                        data_iter, rewards)
+                        data_iter, rewards, tree=tree)
 
     def prepare(state, prompt_batch, step_index):
         rows, total, _, metrics = rollouts.collect({"params": policy_part(state["params"])},
                                                    prompt_batch, step_index)
-        rows["scores"] = np.asarray(total, np.float32)
+        scores = np.asarray(total, np.float32)
+        rows["scores"] = scores.reshape(groups, p.group_size) if tree else scores
         if reference is not None:
             if mode == "ema":  # the EMA as the last step left it, as the in-step reference reads
                 reference.transfer_params(state["ema"])

@@ -46,6 +46,22 @@ class ActorCritic(nnx.Module):
         values = self.value_head(hidden)[..., 0].astype(jnp.float32)  # [B, L]
         return logits, values
 
+    def branch_slots(self, mb) -> tuple[jax.Array, jax.Array]:
+        """From tree rows (`hone.rl.rollout.pack_tree_rows`): logits [N, A·K, V] and values
+        [N, A, K] at the slots that predict each sample's tokens (`score_index`), the prompt
+        computed once per row; the value at a slot lines up with the token it predicts, as in
+        __call__."""
+        kw = dict(positions=mb["positions"], attention_mask=mb["attention_mask"],
+                  segment_ids=mb["segment_ids"], branch_ids=mb["branch_ids"])
+        n, answers, width = mb["score_index"].shape
+        index = mb["score_index"].reshape(n, answers * width, 1)
+        hidden = self.policy.hidden(mb["tokens"], **kw)
+        logits = self.policy.logits_from_hidden(jnp.take_along_axis(hidden, index, axis=1))
+        if self.critic is not None:
+            hidden = self.critic.hidden(mb["tokens"], **kw)
+        values = self.value_head(jnp.take_along_axis(hidden, index, axis=1))[..., 0]
+        return logits, values.astype(jnp.float32).reshape(n, answers, width)
+
 
 def build_actor_critic(policy: Transformer, critic: str, seed: int) -> ActorCritic:
     """`critic` "shared" or "separate" (a copy of the policy's backbone, adapters included)."""

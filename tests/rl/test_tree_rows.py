@@ -1,13 +1,14 @@
 """GRPO's tree rows (one row per prompt group, the prompt computed once) against a row per
-sample: the layout by hand, and the same GRPO update (loss, metrics, new weights) from both."""
+sample: the layout by hand, and the same GRPO and PPO update (loss, metrics, new weights) from
+both."""
 
 import dataclasses
 
 import numpy as np
 import pytest
-from grpo_sgd import sgd_update
+from grpo_sgd import ppo_sgd_update, sgd_update
 
-from hone.config import GRPOConfig, load_config
+from hone.config import GRPOConfig, PPOConfig, load_config
 from hone.models.config import PRESETS
 from hone.rl.rollout import Samples, pack_rows, pack_tree_rows, tree_width
 from hone.sampling.generate import Completion
@@ -89,3 +90,30 @@ def test_tree_width_steps():
     assert [width(n, 48) for n in (1, 16, 17, 33, 48)] == [16, 16, 32, 48, 48]  # steps of 16
     assert [width(n, 5) for n in (1, 3, 5)] == [5, 5, 5]  # never past the limit
     assert [width(n, 256) for n in (1, 65, 200)] == [64, 128, 256]
+
+
+@pytest.mark.parametrize("extra", [["ppo.critic=shared"],
+                                   ["ppo.critic=separate", "train.grad_accum=3"]])
+def test_ppo_tree_rows_give_the_update_of_a_row_per_sample(extra):
+    """One SGD update of policy and critic (KL-shaped rewards against a copied reference, GAE,
+    whitened advantages, clipped losses) from a row per sample and from trimmed tree rows."""
+    g, p, m = 4, 6, 5
+    rollout = _rollout(2)
+    scores = np.random.default_rng(3).normal(size=12).astype(np.float32)
+    cfg = load_config(PPOConfig, None, [
+        "ppo.kl_coef=0.1", "ppo.reference=copy", "ppo.epochs=1", f"ppo.group_size={g}",
+        f"ppo.max_prompt_tokens={p}", f"ppo.max_new_tokens={m + 2}", "train.batch_size=12",
+        *extra])
+    tiny = dataclasses.replace(PRESETS["tiny"], num_layers=2, sliding_window=4,
+                               layer_types=("sliding", "global"))
+    results = []
+    for tree, width in ((False, m + 2), (True, max(rollout.lengths))):
+        rows = (pack_tree_rows if tree else pack_rows)(rollout, p, width, PAD)
+        rows["scores"] = scores.reshape(3, g) if tree else scores
+        results.append(ppo_sgd_update(cfg, tiny, rows))
+    (d_rows, m_rows), (d_tree, m_tree) = results
+    for key, value in m_rows.items():
+        np.testing.assert_allclose(m_tree[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+    for k in d_rows:
+        assert np.max(np.abs(d_rows[k])) > 0, k
+        assert np.max(np.abs(d_tree[k] - d_rows[k])) <= 1e-5 * np.max(np.abs(d_rows[k])), k

@@ -114,8 +114,8 @@ class GRPOSection(RolloutKeys):
     tis_cap: float | None = field(default=None, metadata={"gt": 0.0})
     # Score each prompt once for its group: one row [prompt | sample 1 | ... | sample G] in
     # which the samples cannot see each other (the same log-probabilities as a row per sample,
-    # to float rounding, for fewer FLOPs). Used unless the reference has devices of its own or
-    # the groups do not split into train.grad_accum micro-batches; false: a row per sample.
+    # to float rounding, for fewer FLOPs). Used unless the groups do not split evenly over the
+    # mesh's data shards and train.grad_accum micro-batches; false: a row per sample.
     shared_prompt: bool = True
 
 
@@ -160,7 +160,7 @@ class PPOSection(RolloutKeys):
     reference_devices: int = field(default=0, metadata={"min": 0})
     # Score each prompt once for its group (as grpo.shared_prompt): one row [prompt | sample 1 |
     # ... | sample G], the policy, critic and reference read at the samples' slots only. Used
-    # unless the reference has devices of its own or the groups do not split into minibatches x
+    # unless the groups do not split evenly over the mesh's data shards, minibatches and
     # train.grad_accum micro-batches; false: a row per sample.
     shared_prompt: bool = True
 

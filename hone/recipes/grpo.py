@@ -158,15 +158,14 @@ def make_prepare(cfg: GRPOConfig, graphdef, template, mode: str | None):
     return prepare
 
 
-def tree_layout(cfg, remote: bool = False, shards: int = 1, minibatches: int = 1) -> bool:
+def tree_layout(cfg, shards: int = 1, minibatches: int = 1) -> bool:
     """Whether the update scores tree rows (one per prompt group): asked for by the RL section's
-    shared_prompt, and possible unless the reference runs on its own devices (its program
-    scores one row per sample) or the groups do not split evenly over the `shards` data
-    shards of the mesh, the `minibatches` and their train.grad_accum micro-batches."""
+    shared_prompt, and possible unless the groups do not split evenly over the `shards` data
+    shards of the mesh, the `minibatches` and their train.grad_accum micro-batches. (A
+    reference on devices of its own scores tree rows too.)"""
     section = getattr(cfg, cfg.SECTION)
     groups = cfg.train.batch_size // section.group_size
-    return (section.shared_prompt and not remote
-            and groups % (shards * minibatches * cfg.train.grad_accum) == 0)
+    return section.shared_prompt and groups % (shards * minibatches * cfg.train.grad_accum) == 0
 
 
 def run_grpo(cfg: GRPOConfig, *, log=print):
@@ -204,7 +203,7 @@ def run_grpo(cfg: GRPOConfig, *, log=print):
         prepare=make_prepare(cfg, graphdef, params, None if reference else mode))
 
     groups = cfg.train.batch_size // g.group_size
-    tree = tree_layout(cfg, remote=reference is not None, shards=layout.shards)
+    tree = tree_layout(cfg, shards=layout.shards)
     log(f"rollout rows: {'one per prompt, its samples sharing it' if tree else 'one per sample'}")
     data_iter = prompts.iterator(groups, cfg.train.seed)
     rollouts = Rollouts(cfg, g, graphdef, params, frozen, tokenizer, prompts, data_iter, rewards,

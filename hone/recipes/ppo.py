@@ -220,8 +220,7 @@ def run_ppo(cfg: PPOConfig, *, log=print):
         minibatches=p.minibatches, prepare=prepare_fn, finish=finish_fn, layout=layout)
 
     groups = cfg.train.batch_size // p.group_size
-    tree = tree_layout(cfg, remote=reference is not None, shards=layout.shards,
-                       minibatches=p.minibatches)
+    tree = tree_layout(cfg, shards=layout.shards, minibatches=p.minibatches)
     log(f"rollout rows: {'one per prompt, its samples sharing it' if tree else 'one per sample'}")
     data_iter = prompts.iterator(groups, cfg.train.seed)
     rollouts = Rollouts(cfg, p, pol_graphdef, pol_params, pol_frozen, tokenizer, prompts,

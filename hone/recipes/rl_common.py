@@ -26,6 +26,7 @@ from hone.datasets.arithmetic import is_correct
 from hone.errors import InputError
 from hone.losses import token_logprobs
 from hone.parallel.roles import FrozenRole, split_devices
+from hone.recipes.common import branch_logprobs
 from hone.rl.prompts import PromptData
 from hone.rl.rollout import (Samples, completion_stats, pack_rows, pack_tree_rows, sample,
                              step_seed, tree_width)
@@ -248,7 +249,8 @@ def reference_split(cfg) -> tuple[list | None, list | None]:
 
 
 class RemoteReference(FrozenRole):
-    """The reference model on devices of its own: rollout rows -> ref_logp [B, L] (host).
+    """The reference model on devices of its own: rollout rows -> ref_logp [B, L] (host), or
+    from tree rows (`pack_tree_rows`) the samples' log-probabilities [groups, G, M].
 
     Its weights are the policy's frozen rest plus `params`, the reference's values of the
     policy's trainable weights (flat, keyed like `template`): the starting weights ("copy"),
@@ -260,6 +262,8 @@ class RemoteReference(FrozenRole):
     """
 
     KEYS = ("tokens", "positions", "attention_mask", "targets")  # what its forward reads
+    TREE_KEYS = ("tokens", "positions", "attention_mask", "segment_ids", "branch_ids",
+                 "score_index", "score_targets")  # ... from tree rows
 
     def __init__(self, cfg, graphdef, template, frozen, trainable, mode: str, params: dict,
                  devices):
@@ -276,8 +280,11 @@ class RemoteReference(FrozenRole):
                 g, p, rest = nnx.split(model, trainable, ...)
                 p = (jax.tree.map(jnp.zeros_like, p) if mode == "adapters_off"
                      else unflatten(p, flat))
-                logits = nnx.merge(g, p, rest)(mb["tokens"], positions=mb["positions"],
-                                                attention_mask=mb["attention_mask"])
+                ref = nnx.merge(g, p, rest)
+                if "branch_ids" in mb:
+                    return branch_logprobs(ref, mb)[1]  # [groups, G, M]
+                logits = ref(mb["tokens"], positions=mb["positions"],
+                             attention_mask=mb["attention_mask"])
                 return token_logprobs(logits, mb["targets"])  # [b, L]
 
             return chunked(score, batch, chunks)
@@ -290,7 +297,8 @@ class RemoteReference(FrozenRole):
         self.transfer("params", unflatten(self.template, params))
 
     def __call__(self, rows: dict) -> np.ndarray:
-        return super().__call__({key: rows[key] for key in self.KEYS})
+        keys = self.TREE_KEYS if "branch_ids" in rows else self.KEYS
+        return super().__call__({key: rows[key] for key in keys})
 
     def describe(self) -> str:
         per_device = self.layout.device_bytes(self.weights, self.devices[-1])

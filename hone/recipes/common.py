@@ -19,18 +19,24 @@ from hone.train.state import flatten, new_train_state, split_model
 from hone.train.step import make_eval_step, make_train_step, row_split
 
 
-def branch_logprobs(model, mb):
+def branch_hidden(model, mb):
     """Rows of one shared prompt and several answers (`hone.data.shared_prefix`): one forward
-    pass over each row, then the LM head only at the slots that predict answer tokens.
-    Returns the logits [N, A·K, V] of those slots and the log-probabilities [N, A, K] of the
-    answer tokens (score_targets; 0-masked by score_mask where there is none)."""
-    from hone.losses import token_logprobs
+    pass of `model` (a Transformer) over each row; its hidden states [N, A·K, D] at the slots
+    that predict answer tokens (score_index [N, A, K])."""
     hidden = model.hidden(mb["tokens"], positions=mb["positions"],
                           attention_mask=mb["attention_mask"], segment_ids=mb["segment_ids"],
                           branch_ids=mb["branch_ids"])                        # [N, S, D]
     n, answers, width = mb["score_index"].shape
-    index = mb["score_index"].reshape(n, answers * width, 1)
-    logits = model.logits_from_hidden(jnp.take_along_axis(hidden, index, axis=1))
+    return jnp.take_along_axis(hidden, mb["score_index"].reshape(n, answers * width, 1), axis=1)
+
+
+def branch_logprobs(model, mb):
+    """The LM head on `branch_hidden` only: the logits [N, A·K, V] of the slots that predict
+    answer tokens and the log-probabilities [N, A, K] of the answer tokens (score_targets;
+    0-masked by score_mask where there is none)."""
+    from hone.losses import token_logprobs
+    n, answers, width = mb["score_index"].shape
+    logits = model.logits_from_hidden(branch_hidden(model, mb))
     targets = mb["score_targets"].reshape(n, answers * width)
     return logits, token_logprobs(logits, targets).reshape(n, answers, width)
 

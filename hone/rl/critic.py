@@ -51,16 +51,13 @@ class ActorCritic(nnx.Module):
         [N, A, K] at the slots that predict each sample's tokens (`score_index`), the prompt
         computed once per row; the value at a slot lines up with the token it predicts, as in
         __call__."""
-        kw = dict(positions=mb["positions"], attention_mask=mb["attention_mask"],
-                  segment_ids=mb["segment_ids"], branch_ids=mb["branch_ids"])
-        n, answers, width = mb["score_index"].shape
-        index = mb["score_index"].reshape(n, answers * width, 1)
-        hidden = self.policy.hidden(mb["tokens"], **kw)
-        logits = self.policy.logits_from_hidden(jnp.take_along_axis(hidden, index, axis=1))
+        from hone.recipes.common import branch_hidden
+        hidden = branch_hidden(self.policy, mb)  # [N, A·K, D]
+        logits = self.policy.logits_from_hidden(hidden)
         if self.critic is not None:
-            hidden = self.critic.hidden(mb["tokens"], **kw)
-        values = self.value_head(jnp.take_along_axis(hidden, index, axis=1))[..., 0]
-        return logits, values.astype(jnp.float32).reshape(n, answers, width)
+            hidden = branch_hidden(self.critic, mb)
+        values = self.value_head(hidden)[..., 0].astype(jnp.float32)
+        return logits, values.reshape(mb["score_index"].shape)
 
 
 def build_actor_critic(policy: Transformer, critic: str, seed: int) -> ActorCritic:

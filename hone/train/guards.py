@@ -22,9 +22,9 @@ Design choices:
   spike means the weights (or the batch) are bad now.
 - Rollback (`rollback`) restores the newest checkpoint (state and data position, so the same
   batches come again), carries the run's counters over, multiplies `lr_scale` by `lr_factor`
-  and clears the trip. The step multiplies the optax updates by `lr_scale`, which is exactly the
-  learning rate times the scale (weight decay included); 1.0 leaves every number of a healthy
-  run unchanged. There must be a checkpoint to return to: a trip before the first save stops
+  and clears the trip. The step passes `lr_scale` to the optimizer, which multiplies its scalar
+  step size by it (hone/train/optimizer.py: the learning rate times the scale, weight decay
+  included); 1.0 leaves every number of a healthy run unchanged. There must be a checkpoint to return to: a trip before the first save stops
   the run (`GuardError`), as does a trip after `max_rollbacks` rollbacks.
 - The KL guard is decided on the host from the logged `kl` (RL rows derive it from `kl_sum`),
   so it looks at logged steps only, and rolls back the same way.

@@ -31,6 +31,7 @@ import optax
 from flax import nnx
 
 from hone.train.guards import guard_update
+from hone.train.optimizer import ScaledLR
 from hone.train.state import unflatten
 
 # loss_fn(model, micro_batch, normalizer, rng_key, aux) -> (loss, metrics): metrics are sums
@@ -168,7 +169,14 @@ def update_fn(graphdef, template, loss_fn: LossFn, normalizer_fn: NormalizerFn,
                 updates = jax.tree.map(lambda u: u * scale.astype(u.dtype), updates)
             return optax.apply_updates(params, updates), opt_state
 
-        if "guard" in state:  # the rollbacks' learning-rate scale
+        if "guard" in state and isinstance(optimizer, ScaledLR):
+            # The rollbacks' learning-rate scale multiplies the scalar step size (exact at 1.0).
+            scale = state["guard"]["lr_scale"]
+            updates, opt_state = optimizer.update(grads, state["opt_state"], params,
+                                                  lr_scale=scale)
+            new_params = optax.apply_updates(params, updates)
+            lr = lr * scale
+        elif "guard" in state:  # any other optax optimizer: scale its updates
             # A branch per case: scaling the updates in line, even by 1.0, changes how XLA
             # fuses (and rounds) the update, and a healthy run must not change by an ulp.
             scale = state["guard"]["lr_scale"]

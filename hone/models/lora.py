@@ -39,6 +39,7 @@ from flax import nnx
 
 from hone.errors import InputError
 from hone.models.linear import Linear
+from hone.models.matmul import low_rank
 from hone.models.quant import KINDS as QUANT_KINDS
 from hone.models.quant import QuantizedWeight
 
@@ -70,8 +71,7 @@ class LoRA(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         if self.dropout is not None:
             x = self.dropout(x, rngs=self.dropout_rngs)
-        h = jnp.dot(x, self.lora_a[...])  # [..., r]
-        return jnp.dot(h, self.lora_b[...]) * jnp.asarray(self.scale, h.dtype)
+        return low_rank(x, self.lora_a[...], self.lora_b[...], self.scale)
 
     def delta(self) -> jax.Array:
         """The update as a float32 [I, O] matrix: A @ B * alpha / r."""

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hone.models.matmul import matmul
+from hone.models.matmul import low_rank, matmul
 
 BF16 = jnp.bfloat16
 
@@ -52,3 +52,28 @@ def test_float32_output_for_logits():
     np.testing.assert_allclose(np.asarray(y), ref, rtol=1e-5, atol=1e-5)
     dx, dw = jax.grad(lambda a, b: jnp.sum(matmul(a, b, out_dtype=jnp.float32)), (0, 1))(x, w)
     assert dx.dtype == dw.dtype == BF16
+
+
+def test_low_rank_value_and_gradients_match_autodiff_of_the_plain_products():
+    """`low_rank` (LoRA's update) writes its backward pass out; float32 values and all three
+    gradients equal float64 products of the same numbers, and bfloat16 ones stay within what
+    one rounding of the [M, r] intermediate and the outputs allows."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 40, 96))  # leading axes are kept
+    a = rng.standard_normal((96, 8)) / np.sqrt(96)
+    b = rng.standard_normal((8, 56)) / np.sqrt(8)
+    g = rng.standard_normal((3, 40, 56))
+    scale = 2.0
+    h = np.einsum("bmi,ir->bmr", x, a) * scale
+    dh = np.einsum("bmo,ro->bmr", g, b) * scale
+    want = {"y": h @ b, "dx": np.einsum("bmr,ir->bmi", dh, a),
+            "da": np.einsum("bmi,bmr->ir", x, dh), "db": np.einsum("bmr,bmo->ro", h, g)}
+    for dtype, tol in ((jnp.float32, 1e-5), (BF16, 3e-2)):
+        args = [jnp.asarray(v, dtype) for v in (x, a, b)]
+        y, vjp = jax.vjp(lambda x, a, b: low_rank(x, a, b, scale), *args)
+        dx, da, db = vjp(jnp.asarray(g, dtype))
+        got = {"y": y, "dx": dx, "da": da, "db": db}
+        for k, v in got.items():
+            assert v.dtype == dtype, k
+            err = np.abs(np.asarray(v, np.float64) - want[k]).max() / np.abs(want[k]).max()
+            assert err <= tol, (dtype, k, err)

@@ -77,3 +77,16 @@ def test_low_rank_value_and_gradients_match_autodiff_of_the_plain_products():
             assert v.dtype == dtype, k
             err = np.abs(np.asarray(v, np.float64) - want[k]).max() / np.abs(want[k]).max()
             assert err <= tol, (dtype, k, err)
+
+
+def test_float32_gradients_equal_the_float64_products():
+    """The float32 backward pass is written out (module doc); both gradients match float64."""
+    x, w, g = (a.astype(jnp.float32) for a in _inputs())
+    x64, w64, g64 = (np.asarray(a, np.float64) for a in (x, w, g))
+    y, vjp = jax.vjp(matmul, x, w)
+    dx, dw = vjp(g)
+    want = {"dx": g64 @ w64.T, "dw": np.einsum("bmk,bmn->kn", x64, g64)}
+    for k, v in {"dx": dx, "dw": dw}.items():
+        assert v.dtype == jnp.float32 and v.shape == want[k].shape, k
+        err = np.abs(np.asarray(v, np.float64) - want[k]).max() / np.abs(want[k]).max()
+        assert err <= 1e-6, (k, err)

@@ -78,7 +78,7 @@ _mixed.defvjp(_mixed_fwd, _mixed_bwd)
 
 def low_rank(x: jax.Array, a: jax.Array, b: jax.Array, scale: float) -> jax.Array:
     """(x[M, I] @ a[I, r] * scale) @ b[r, O] -> [M, O], r small (a LoRA update), in the
-    inputs' common dtype, accumulated in float32.
+    inputs' common dtype.
 
     The backward pass is written out so that only the small [M, r] operands are ever laid out
     transposed: left to autodiff, XLA:CPU transposed the [M, O] cotangent (or x) for the two
@@ -99,20 +99,22 @@ def _low_rank(x, a, b, scale):
 
 
 def _low_rank_fwd(x, a, b, scale):
-    h = (lax.dot(x, a, preferred_element_type=_F32) * scale).astype(x.dtype)
-    return lax.dot(h, b, preferred_element_type=_F32).astype(x.dtype), (x, a, b, h)
+    h = (lax.dot(x, a) * scale).astype(x.dtype)
+    return lax.dot(h, b), (x, a, b, h)
 
 
 def _low_rank_bwd(scale, residuals, g):
+    # Products in the inputs' dtype (XLA:CPU has no bfloat16 x bfloat16 -> float32 kernel for
+    # these rank-r shapes; its bfloat16 dot accumulates in float32 inside and rounds once).
     x, a, b, h = residuals
     g = g.astype(x.dtype)
     by_rows = (((1,), (1,)), ((), ()))  # contract the last axes of both: u @ v^T
-    dh = lax.dot_general(g, b, by_rows, preferred_element_type=_F32)  # [M, r]
-    db = lax.dot(_row_major(h.T), g, preferred_element_type=_F32)  # [r, O]
+    dh = lax.dot_general(g, b, by_rows)  # [M, r]
+    db = lax.dot(_row_major(h.T), g)  # [r, O]
     dh = (dh * scale).astype(x.dtype)
-    da = lax.dot(_row_major(dh.T), x, preferred_element_type=_F32).T  # [I, r]
-    dx = lax.dot_general(dh, a, by_rows, preferred_element_type=_F32)  # [M, I]
-    return dx.astype(x.dtype), da.astype(a.dtype), db.astype(b.dtype)
+    da = lax.dot(_row_major(dh.T), x).T  # [I, r]
+    dx = lax.dot_general(dh, a, by_rows)  # [M, I]
+    return dx, da, db
 
 
 _low_rank.defvjp(_low_rank_fwd, _low_rank_bwd)

@@ -70,8 +70,12 @@ def test_low_rank_value_and_gradients_match_autodiff_of_the_plain_products():
             "da": np.einsum("bmi,bmr->ir", x, dh), "db": np.einsum("bmr,bmo->ro", h, g)}
     for dtype, tol in ((jnp.float32, 1e-5), (BF16, 3e-2)):
         args = [jnp.asarray(v, dtype) for v in (x, a, b)]
-        y, vjp = jax.vjp(lambda x, a, b: low_rank(x, a, b, scale), *args)
-        dx, da, db = vjp(jnp.asarray(g, dtype))
+        @jax.jit  # as in a train step: XLA:CPU picks other kernels than op-by-op dispatch
+        def value_and_grads(x, a, b, g):
+            y, vjp = jax.vjp(lambda x, a, b: low_rank(x, a, b, scale), x, a, b)
+            return (y, *vjp(g))
+
+        y, dx, da, db = value_and_grads(*args, jnp.asarray(g, dtype))
         got = {"y": y, "dx": dx, "da": da, "db": db}
         for k, v in got.items():
             assert v.dtype == dtype, k

@@ -24,8 +24,9 @@ Design choices:
   batches come again), carries the run's counters over, multiplies `lr_scale` by `lr_factor`
   and clears the trip. The step passes `lr_scale` to the optimizer, which multiplies its scalar
   step size by it (hone/train/optimizer.py: the learning rate times the scale, weight decay
-  included); 1.0 leaves every number of a healthy run unchanged. There must be a checkpoint to return to: a trip before the first save stops
-  the run (`GuardError`), as does a trip after `max_rollbacks` rollbacks.
+  included); 1.0 leaves every number of a healthy run unchanged. There must be a checkpoint to
+  return to: a trip before the first save stops the run (`GuardError`), as does a trip after
+  `max_rollbacks` rollbacks.
 - The KL guard is decided on the host from the logged `kl` (RL rows derive it from `kl_sum`),
   so it looks at logged steps only, and rolls back the same way.
 - The spike test compares against an EMA of the losses of applied steps, and only after

@@ -40,7 +40,8 @@ class ScaledLR(optax.GradientTransformationExtraArgs):
     array; None or absent: 1). The train step passes the guards' scale only to these."""
 
 
-def scale_by_scaled_learning_rate(schedule: optax.Schedule) -> optax.GradientTransformationExtraArgs:
+def scale_by_scaled_learning_rate(
+        schedule: optax.Schedule) -> optax.GradientTransformationExtraArgs:
     """`optax.scale_by_learning_rate(schedule)` with the extra argument `lr_scale`: updates are
     multiplied by -schedule(count) * lr_scale. Same state (`ScaleByScheduleState`) and, with
     no scale, the same arithmetic as optax's."""

@@ -163,8 +163,8 @@ def update_fn(graphdef, template, loss_fn: LossFn, normalizer_fn: NormalizerFn,
                                            keep_split=mesh is not None)
         lr, grad_norm = schedule(state["step"]), optax.tree.norm(grads)
 
-        def apply(scale):
-            updates, opt_state = optimizer.update(grads, state["opt_state"], params)
+        def apply(scale, **extra):
+            updates, opt_state = optimizer.update(grads, state["opt_state"], params, **extra)
             if scale is not None:
                 updates = jax.tree.map(lambda u: u * scale.astype(u.dtype), updates)
             return optax.apply_updates(params, updates), opt_state
@@ -172,9 +172,7 @@ def update_fn(graphdef, template, loss_fn: LossFn, normalizer_fn: NormalizerFn,
         if "guard" in state and isinstance(optimizer, ScaledLR):
             # The rollbacks' learning-rate scale multiplies the scalar step size (exact at 1.0).
             scale = state["guard"]["lr_scale"]
-            updates, opt_state = optimizer.update(grads, state["opt_state"], params,
-                                                  lr_scale=scale)
-            new_params = optax.apply_updates(params, updates)
+            new_params, opt_state = apply(None, lr_scale=scale)
             lr = lr * scale
         elif "guard" in state:  # any other optax optimizer: scale its updates
             # A branch per case: scaling the updates in line, even by 1.0, changes how XLA

@@ -32,14 +32,11 @@ _F32 = jnp.float32
 
 def matmul(x: jax.Array, w: jax.Array, out_dtype=None) -> jax.Array:
     """x[..., K] @ w[K, N] -> [..., N]; bfloat16 inputs accumulate in float32 (module doc)."""
-    if x.dtype == jnp.float32 and w.dtype == jnp.float32:
-        lead = x.shape[:-1]
-        y = _plain(x.reshape(-1, x.shape[-1]), w)
-        y = y.reshape(lead + (w.shape[1],))
-        return y if out_dtype is None else y.astype(out_dtype)
-    if x.dtype != jnp.bfloat16 or w.dtype != jnp.bfloat16:
+    if x.dtype != w.dtype or x.dtype not in (jnp.float32, jnp.bfloat16):
         y = jnp.dot(x, w)
         return y if out_dtype is None else y.astype(out_dtype)
+    # Both float32 or both bfloat16: the written-out backward pass (for float32 inputs every
+    # cast in it is a no-op, so the products are plain float32 dots).
     lead = x.shape[:-1]
     y = _mixed(x.reshape(-1, x.shape[-1]), w, jnp.dtype(out_dtype or x.dtype))
     return y.reshape(lead + (w.shape[1],))
@@ -52,6 +49,9 @@ def _mixed(x: jax.Array, w: jax.Array, out_dtype) -> jax.Array:
 
 def _mixed_fwd(x, w, out_dtype):
     return _mixed(x, w, out_dtype), (x, w)
+
+
+_BY_ROWS = (((1,), (1,)), ((), ()))  # dot_general numbers contracting both last axes: u @ v^T
 
 
 def _row_major(a: jax.Array) -> jax.Array:
@@ -68,7 +68,7 @@ def _mixed_bwd(out_dtype, residuals, g):
     # transposed as the left operand, which it does not (XLA:CPU falls back to converting both
     # to float32, 1.5-2.4x slower on this model's shapes), so x^T is copied first (M x K
     # bfloat16: far cheaper than the product).
-    dx = lax.dot_general(g, w, (((1,), (1,)), ((), ())), preferred_element_type=_F32)
+    dx = lax.dot_general(g, w, _BY_ROWS, preferred_element_type=_F32)
     dw = lax.dot(_row_major(x.T), g, preferred_element_type=_F32)
     return dx.astype(x.dtype), dw.astype(w.dtype)
 
@@ -108,33 +108,13 @@ def _low_rank_bwd(scale, residuals, g):
     # these rank-r shapes; its bfloat16 dot accumulates in float32 inside and rounds once).
     x, a, b, h = residuals
     g = g.astype(x.dtype)
-    by_rows = (((1,), (1,)), ((), ()))  # contract the last axes of both: u @ v^T
-    dh = lax.dot_general(g, b, by_rows)  # [M, r]
+    dh = lax.dot_general(g, b, _BY_ROWS)  # [M, r]
     db = lax.dot(_row_major(h.T), g)  # [r, O]
     dh = (dh * scale).astype(x.dtype)
     da = lax.dot(_row_major(dh.T), x).T  # [I, r]
-    dx = lax.dot_general(dh, a, by_rows)  # [M, I]
+    dx = lax.dot_general(dh, a, _BY_ROWS)  # [M, I]
     return dx, da, db
 
 
 _low_rank.defvjp(_low_rank_fwd, _low_rank_bwd)
 
-
-@jax.custom_vjp
-def _plain(x, w):
-    """float32 x[M, K] @ w[K, N] (module doc: the backward pass)."""
-    return jnp.dot(x, w)
-
-
-def _plain_fwd(x, w):
-    return jnp.dot(x, w), (x, w)
-
-
-def _plain_bwd(residuals, g):
-    x, w = residuals
-    dx = lax.dot_general(g, w, (((1,), (1,)), ((), ())))
-    dw = lax.dot(_row_major(x.T), g)
-    return dx, dw
-
-
-_plain.defvjp(_plain_fwd, _plain_bwd)

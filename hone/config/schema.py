@@ -61,6 +61,11 @@ class ModelSection:
     dtype: str = field(default="float32", metadata={"choices": ("float32", "bfloat16")})
     # Low-rank adapters (LoRA / QLoRA); off by default.
     lora: LoraSection = field(default_factory=LoraSection)
+    # Train only the top N transformer blocks and what sits above them (final norm, untied LM
+    # head, a reward model's head); the embedding and the lower blocks stay frozen, and no
+    # backward pass runs through them. With adapters: only the top N blocks' adapters train.
+    # None = every block.
+    train_layers: int | None = field(default=None, metadata={"min": 1})
 
 
 @dataclass(frozen=True)

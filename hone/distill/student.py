@@ -107,7 +107,12 @@ def build_student(cfg, teacher_width: int):
     if lora.rank > 0:
         apply_lora(model, rank=lora.rank, alpha=lora.alpha, targets=lora.targets,
                    dropout=lora.dropout, quantize=lora.quantize, rngs=nnx.Rngs(cfg.train.seed))
-        trainable = nnx.Any(LoRAParam, nnx.PathContains("projections"))
+        trainable = LoRAParam
+    if cfg.model.train_layers is not None:
+        from hone.recipes.sft import top_blocks
+        trainable = nnx.All(trainable, top_blocks(model, cfg.model.train_layers))
+    if trainable is not nnx.Param:  # the feature projections always train
+        trainable = nnx.Any(trainable, nnx.PathContains("projections"))
     model.remat = cfg.train.remat
     d = cfg.distill
     pairs = max(len(d.feature_layers), 1) if d.feature_weight else 0

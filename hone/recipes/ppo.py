@@ -168,11 +168,11 @@ def make_prepare(cfg: PPOConfig, graphdef, template, policy_trainable, mode: str
 
 def build_ppo_model(cfg: PPOConfig, layout=None):
     """(ActorCritic, its trainable filter, the policy's own trainable filter)."""
-    from hone.models.lora import LoRAParam
     policy, policy_trainable = build_model(cfg, layout=layout)
     model = build_actor_critic(policy, cfg.ppo.critic, cfg.train.seed)
-    trainable = (nnx.Any(LoRAParam, nnx.PathContains("value_head"))
-                 if policy_trainable is LoRAParam else nnx.Param)
+    # Adapters or model.train_layers narrow what trains; the value head always trains.
+    trainable = (nnx.Param if policy_trainable is nnx.Param
+                 else nnx.Any(policy_trainable, nnx.PathContains("value_head")))
     return model, trainable, policy_trainable
 
 

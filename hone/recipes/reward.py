@@ -28,13 +28,12 @@ from hone.train.state import unflatten
 
 
 def build_reward_model(cfg, layout=None):
-    """(RewardModel, trainable filter): the head always trains; the backbone fully or through
-    its adapters."""
-    from hone.models.lora import LoRAParam
+    """(RewardModel, trainable filter): the head always trains; the backbone fully, through
+    its adapters, or its top model.train_layers blocks only."""
     backbone, trainable = build_model(cfg, layout=layout)
     model = RewardModel(backbone, rngs=nnx.Rngs(cfg.train.seed))
-    if trainable is LoRAParam:
-        trainable = nnx.Any(LoRAParam, nnx.PathContains("head"))
+    if trainable is not nnx.Param:  # adapters or model.train_layers: the head trains as well
+        trainable = nnx.Any(trainable, nnx.PathContains("head"))
     return model, trainable
 
 

@@ -58,3 +58,15 @@ def test_reward_run_leaves_the_frozen_blocks_unchanged(tmp_path):
     for path, value in before.items():
         same = np.array_equal(np.asarray(value), np.asarray(jax.device_get(after[path])))
         assert same == (not path.startswith(("layers/1/", "final_norm/"))), path
+
+
+def test_ppo_value_head_trains_beside_the_top_block():
+    from hone.config import PPOConfig
+    from hone.recipes.ppo import build_ppo_model
+    cfg = load_config(PPOConfig, str(ROOT / "configs/tiny/ppo.yaml"),
+                      ["model.train_layers=1", "model.lora.rank=0"])
+    model, trainable, _ = build_ppo_model(cfg)
+    paths = trained_paths(model, trainable)
+    assert any("value_head" in p for p in paths)
+    assert not any("embedder" in p or "/layers/0/" in p for p in paths), paths
+    assert any("/layers/1/" in p for p in paths)

@@ -24,6 +24,7 @@ from hone.errors import InputError
 from hone.models.linear import Linear
 from hone.models.loading import load_model
 from hone.models.transformer import Transformer
+from hone.train.state import also_train, top_blocks
 
 
 class DistillStudent(nnx.Module):
@@ -109,10 +110,8 @@ def build_student(cfg, teacher_width: int):
                    dropout=lora.dropout, quantize=lora.quantize, rngs=nnx.Rngs(cfg.train.seed))
         trainable = LoRAParam
     if cfg.model.train_layers is not None:
-        from hone.recipes.sft import top_blocks
         trainable = nnx.All(trainable, top_blocks(model, cfg.model.train_layers))
-    if trainable is not nnx.Param:  # the feature projections always train
-        trainable = nnx.Any(trainable, nnx.PathContains("projections"))
+    trainable = also_train(trainable, "projections")  # the feature projections always train
     model.remat = cfg.train.remat
     d = cfg.distill
     pairs = max(len(d.feature_layers), 1) if d.feature_weight else 0

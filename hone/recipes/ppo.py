@@ -41,7 +41,8 @@ from hone.recipes.sft import build_model
 from hone.rl.critic import ActorCritic, build_actor_critic, policy_reference
 from hone.rl.step import chunked, make_rl_step
 from hone.train.loop import LoopSpec, run_loop
-from hone.train.state import flatten, new_train_state, split_model, tree_bytes, unflatten
+from hone.train.state import (also_train, flatten, new_train_state, split_model, tree_bytes,
+                              unflatten)
 from hone.train.step import merge
 
 _POLICY = "policy/"
@@ -170,10 +171,7 @@ def build_ppo_model(cfg: PPOConfig, layout=None):
     """(ActorCritic, its trainable filter, the policy's own trainable filter)."""
     policy, policy_trainable = build_model(cfg, layout=layout)
     model = build_actor_critic(policy, cfg.ppo.critic, cfg.train.seed)
-    # Adapters or model.train_layers narrow what trains; the value head always trains.
-    trainable = (nnx.Param if policy_trainable is nnx.Param
-                 else nnx.Any(policy_trainable, nnx.PathContains("value_head")))
-    return model, trainable, policy_trainable
+    return model, also_train(policy_trainable, "value_head"), policy_trainable
 
 
 def run_ppo(cfg: PPOConfig, *, log=print):

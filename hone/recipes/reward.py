@@ -24,7 +24,7 @@ from hone.recipes.common import (compile_steps, load_pairs, make_layout, open_ru
 from hone.recipes.sft import build_model
 from hone.train.loop import LoopSpec, run_loop
 from hone.train.step import pair_split
-from hone.train.state import unflatten
+from hone.train.state import also_train, unflatten
 
 
 def build_reward_model(cfg, layout=None):
@@ -32,9 +32,7 @@ def build_reward_model(cfg, layout=None):
     its adapters, or its top model.train_layers blocks only."""
     backbone, trainable = build_model(cfg, layout=layout)
     model = RewardModel(backbone, rngs=nnx.Rngs(cfg.train.seed))
-    if trainable is not nnx.Param:  # adapters or model.train_layers: the head trains as well
-        trainable = nnx.Any(trainable, nnx.PathContains("head"))
-    return model, trainable
+    return model, also_train(trainable, "head")
 
 
 def make_reward_loss(cfg: RewardConfig):

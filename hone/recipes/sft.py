@@ -12,12 +12,11 @@ import numpy as np
 from flax import nnx
 
 from hone.config import SFTConfig
-from hone.errors import InputError
 from hone.losses import sft_loss
 from hone.models.loading import load_model, load_tokenizer
 from hone.recipes.common import compile_steps, make_layout, open_run, summed_eval
 from hone.train.loop import LoopSpec, run_loop
-from hone.train.state import unflatten
+from hone.train.state import top_blocks, unflatten
 
 
 def sft_step_loss(model, mb, normalizer, key, aux=None):
@@ -46,29 +45,6 @@ def build_model(cfg, *, layout=None, log=print):
         trainable = nnx.All(trainable, top_blocks(model, cfg.model.train_layers))
     model.remat = cfg.train.remat
     return model, trainable
-
-
-# Modules above the blocks: they train whenever the top block does.
-_ABOVE_BLOCKS = ("final_norm", "lm_head", "head")
-
-
-def top_blocks(model, count: int):
-    """An nnx filter for the parameters of the top `count` transformer blocks of `model` and
-    of everything above them (final norm, untied LM head, a reward model's "head"), at any
-    depth of nesting; the embedding and the lower blocks fail it, so they stay frozen."""
-    blocks = len(model.layers)
-    if count > blocks:
-        raise InputError(f"{count} is more than the model's {blocks} transformer blocks",
-                         key="model.train_layers")
-    cut = blocks - count
-
-    def predicate(path, _value) -> bool:
-        for key, below in zip(path, path[1:]):
-            if key == "layers" and isinstance(below, int):
-                return below >= cut
-        return any(key in _ABOVE_BLOCKS for key in path)
-
-    return predicate
 
 
 def eval_means(total: dict) -> dict:

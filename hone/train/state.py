@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from hone.errors import InputError
 from hone.train.guards import init_state
 
 
@@ -59,3 +60,32 @@ def new_train_state(params: dict[str, jax.Array], optimizer, seed: int,
 
 def tree_bytes(tree) -> int:
     return sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+# Modules above the blocks: they train whenever the top block does.
+_ABOVE_BLOCKS = ("final_norm", "lm_head", "head")
+
+
+def top_blocks(model, count: int):
+    """An nnx filter for the parameters of the top `count` transformer blocks of `model` and
+    of everything above them (final norm, untied LM head, a reward model's "head"), at any
+    depth of nesting; the embedding and the lower blocks fail it, so they stay frozen."""
+    blocks = len(model.layers)
+    if count > blocks:
+        raise InputError(f"{count} is more than the model's {blocks} transformer blocks",
+                         key="model.train_layers")
+    cut = blocks - count
+
+    def predicate(path, _value) -> bool:
+        for key, below in zip(path, path[1:]):
+            if key == "layers" and isinstance(below, int):
+                return below >= cut
+        return any(key in _ABOVE_BLOCKS for key in path)
+
+    return predicate
+
+
+def also_train(trainable, name: str):
+    """`trainable` widened to every parameter under a module called `name` (a head that always
+    trains beside adapters or the top blocks); plain nnx.Param already covers it."""
+    return trainable if trainable is nnx.Param else nnx.Any(trainable, nnx.PathContains(name))

@@ -19,6 +19,9 @@ from hone.models.linear import Linear
 # instead of NaN, and its output is ignored by the losses anyway.
 _MASKED = float(jnp.finfo(jnp.float32).min)
 
+# Cache slots a decode step reads per block (Attention.attend_step).
+DECODE_BLOCK = 64
+
 
 def make_mask(q_index: jax.Array, k_index: jax.Array, k_valid: jax.Array,
               window: int | None, q_segment: jax.Array | None = None,
@@ -90,6 +93,62 @@ class Attention(nnx.Module):
         if return_probs:
             return out, probs.astype(jnp.float32).reshape(b, n, t, probs.shape[-1])
         return out
+
+    def attend_step(self, q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
+                    mask: jax.Array, used: jax.Array | None = None,
+                    block: int = DECODE_BLOCK) -> jax.Array:
+        """One query per row against a cache: q [B, 1, N, H], k/v cache [B, K, S, H]
+        (kv-head-major), mask [B, 1, S] -> output [B, 1, D]. `used`: how many leading cache
+        slots may hold keys (None: all S); slots past it are not read.
+
+        The same attention as `attend`, written as float32 products and sums instead of dot
+        products (with a single query, XLA:CPU otherwise transposes every layer's cache before
+        two small batched matrix products). A cache longer than `block` slots is read in blocks
+        with a running softmax (maximum, normaliser and weighted sum carried from block to
+        block), and only the blocks below `used`: a decode step costs what the sequence so far
+        holds, not what the cache could hold.
+        """
+        b, _, n, h = q.shape
+        kv, s = self.num_kv_heads, k_cache.shape[2]
+        f32 = jnp.float32
+        qg = q.reshape(b, kv, n // kv, 1, h).astype(f32)
+        mask = mask[:, None, :, :]  # [B, 1, 1, S]
+
+        def scores_of(keys, keep):
+            x = jnp.sum(qg * keys[:, :, None].astype(f32), axis=-1) * self.scale  # [B,K,G,s]
+            if self.softcap is not None:
+                x = self.softcap * jnp.tanh(x / self.softcap)
+            return jnp.where(keep, x, _MASKED)
+
+        def weighted(p, values):
+            return jnp.sum(p[..., None] * values[:, :, None].astype(f32), axis=3)  # [B,K,G,H]
+
+        if s <= block:
+            out = weighted(jax.nn.softmax(scores_of(k_cache, mask), axis=-1), v_cache)
+        else:
+            used = jnp.int32(s) if used is None else jnp.minimum(used, s)
+
+            def body(j, carry):
+                top, norm, acc = carry
+                # The last block may overlap the one before it; its first slots are skipped.
+                lo = jnp.minimum(j * block, s - block)
+                slots = lo + jnp.arange(block)
+                keep = (jax.lax.dynamic_slice_in_dim(mask, lo, block, axis=3)
+                        & (slots >= j * block) & (slots < used))
+                x = scores_of(jax.lax.dynamic_slice_in_dim(k_cache, lo, block, axis=2), keep)
+                new_top = jnp.maximum(top, jnp.max(x, axis=-1))
+                p = jnp.exp(x - new_top[..., None])
+                fade = jnp.exp(top - new_top)
+                values = jax.lax.dynamic_slice_in_dim(v_cache, lo, block, axis=2)
+                return (new_top, norm * fade + jnp.sum(p, axis=-1),
+                        acc * fade[..., None] + weighted(p, values))
+
+            g = n // kv
+            init = (jnp.full((b, kv, g), _MASKED, f32), jnp.zeros((b, kv, g), f32),
+                    jnp.zeros((b, kv, g, h), f32))
+            _, norm, acc = jax.lax.fori_loop(0, (used + block - 1) // block, body, init)
+            out = acc / norm[..., None]
+        return self.o(out.astype(q.dtype).reshape(b, 1, n, h))
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array,
                  mask: jax.Array, return_probs: bool = False):

@@ -3,10 +3,13 @@
 Layout: every row of the batch advances in lockstep over cache slots 0..S-1 (prompts are
 left-padded to a common length, so slot index = step of the sequence). Global layers keep all
 S slots; sliding-window layers keep only W = min(S, window) slots as a ring buffer, which is all
-a window can ever see. Per layer kind, `index` [S_kind] says which sequence slot each cache
-slot holds (-1: empty) and `valid` [B, S_kind] says whether that key is a real token of the row
-(left padding is not). Masks are built from these with the same `make_mask` the training
-forward uses, so the cached and the full forward pass attend to exactly the same keys.
+a window can ever see. Either way the slots written so far are a prefix of the cache, and a
+decode step reads only that prefix (`Attention.attend_step`, in blocks). Keys and values are
+stored kv-head-major, [B, K, S, H] per layer, so each head's keys are contiguous. Per layer
+kind, `index` [S_kind] says which sequence slot each cache slot holds (-1: empty) and `valid`
+[B, S_kind] says whether that key is a real token of the row (left padding is not). Masks are
+built from these with the same `make_mask` the training forward uses, so the cached and the full
+forward pass attend to exactly the same keys.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import jax.numpy as jnp
 from hone.models.attention import make_mask
 from hone.models.transformer import Transformer
 
-Cache = dict[str, Any]  # {"k": [L x [B,S_l,K,H]], "v": [...], "index": {kind: [S]}, "valid": {...}}
+Cache = dict[str, Any]  # {"k": [L x [B,K,S_l,H]], "v": [...], "index": {kind: [S]}, "valid": {...}}
 
 
 def cache_len(model: Transformer, kind: str, total: int) -> int:
@@ -30,7 +33,7 @@ def cache_len(model: Transformer, kind: str, total: int) -> int:
 def init_cache(model: Transformer, batch: int, total: int, dtype) -> Cache:
     """An empty cache for `batch` rows and `total` sequence slots (prompt + new tokens)."""
     cfg = model.config
-    shape = lambda kind: (batch, cache_len(model, kind, total), cfg.num_kv_heads, cfg.head_dim)  # noqa: E731
+    shape = lambda kind: (batch, cfg.num_kv_heads, cache_len(model, kind, total), cfg.head_dim)  # noqa: E731
     kinds = sorted(set(cfg.layer_types))
     return {
         "k": [jnp.zeros(shape(t), dtype) for t in cfg.layer_types],
@@ -40,19 +43,20 @@ def init_cache(model: Transformer, batch: int, total: int, dtype) -> Cache:
     }
 
 
-def _write(buf: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
-    """Write new [B, T, ...] into ring buffer buf [B, S, ...] at sequence slots start..start+T-1.
+def _write(buf: jax.Array, new: jax.Array, start: jax.Array, axis: int = 1) -> jax.Array:
+    """Write `new` into ring buffer `buf` along the sequence axis at sequence slots
+    start..start+T-1 (T = new.shape[axis]; the axes before it are batch-like).
 
     When T > S only the last S entries survive, exactly as if written one by one.
     """
-    s, t = buf.shape[1], new.shape[1]
+    s, t = buf.shape[axis], new.shape[axis]
     if t == 1:  # a decode step: one slot, written in place (a scatter is slower on CPU)
-        return jax.lax.dynamic_update_slice_in_dim(buf, new, start % s, axis=1)
+        return jax.lax.dynamic_update_slice_in_dim(buf, new, start % s, axis=axis)
     if t > s:
-        new, start = new[:, t - s:], start + (t - s)
-        t = s
+        new = jax.lax.slice_in_dim(new, t - s, t, axis=axis)
+        start, t = start + (t - s), s
     slots = (start + jnp.arange(t)) % s
-    return buf.at[:, slots].set(new)
+    return buf.at[(slice(None),) * axis + (slots,)].set(new)
 
 
 def forward_cached(model: Transformer, cache: Cache, tokens: jax.Array, positions: jax.Array,
@@ -89,14 +93,15 @@ def forward_cached(model: Transformer, cache: Cache, tokens: jax.Array, position
 
         def attend(h, i=i, kind=kind, cos=cos, sin=sin, layer=layer):
             q, k, v = layer.attn.project_qkv(h, cos, sin)
-            k_cache = _write(cache["k"][i], k.astype(cache["k"][i].dtype), start)
-            v_cache = _write(cache["v"][i], v.astype(cache["v"][i].dtype), start)
+            heads_first = lambda a, buf: a.transpose(0, 2, 1, 3).astype(buf.dtype)  # noqa: E731
+            k_cache = _write(cache["k"][i], heads_first(k, cache["k"][i]), start, axis=2)
+            v_cache = _write(cache["v"][i], heads_first(v, cache["v"][i]), start, axis=2)
             new_cache["k"].append(k_cache)
             new_cache["v"].append(v_cache)
             if prefill:
                 return layer.attn.attend(q, k, v, masks[kind])
-            return layer.attn.attend(q, k_cache.astype(q.dtype), v_cache.astype(q.dtype),
-                                     masks[kind])
+            used = jnp.minimum(start + 1, k_cache.shape[2])  # slots holding keys: a prefix
+            return layer.attn.attend_step(q, k_cache, v_cache, masks[kind], used)
 
         x = layer(x, attend)
     last = model.final_norm(x[:, -1:])

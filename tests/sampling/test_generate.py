@@ -9,6 +9,7 @@ from reference import CASES, hf_model
 
 import hone
 from hone.errors import InputError
+from hone.models.attention import DECODE_BLOCK
 from hone.sampling.engine import TRACES
 from hone.sampling.generate import generate
 
@@ -134,6 +135,22 @@ def test_sliding_window_ring_buffer_beyond_window(tmp_path):
     prompts = mixed_prompts(n=3, seed=5)
     outs = generate(model, None, prompts, max_new_tokens=20, eos_ids=())
     assert [o.tokens for o in outs] == hf_greedy(ref, prompts, 20)
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma3_text"])
+def test_cache_longer_than_a_block(name, tmp_path):
+    # Prompts up to 40 tokens (bucket 64) and 20 new ones (bucket 32): a 96-slot cache that a
+    # decode step reads in blocks of DECODE_BLOCK slots, the last block overlapping the one
+    # before it; long left padding leaves whole blocks of a short prompt's row empty.
+    assert DECODE_BLOCK < 96 < 2 * DECODE_BLOCK
+    ref, folder = hf_model(name, tmp_path)
+    model = hone.load_model(folder)
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(1, 97, n).tolist() for n in (40, 3, 33, 17, 1, 39)]
+    outs = generate(model, None, prompts, max_new_tokens=20, eos_ids=())
+    assert [o.tokens for o in outs] == hf_greedy(ref, prompts, 20)
+    for p, o in zip(prompts, outs):
+        assert np.abs(teacher_forced(model, p, o.tokens) - np.array(o.logprobs)).max() <= TOL
 
 
 @pytest.mark.parametrize("kwargs, key", [

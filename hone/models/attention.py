@@ -99,7 +99,9 @@ class Attention(nnx.Module):
                     block: int = DECODE_BLOCK) -> jax.Array:
         """One query per row against a cache: q [B, 1, N, H], k/v cache [B, K, S, H]
         (kv-head-major), mask [B, 1, S] -> output [B, 1, D]. `used`: how many leading cache
-        slots may hold keys (None: all S); slots past it are not read.
+        slots may hold keys (None: all S); past it, whole blocks are not read and slots of a
+        partly used block get no weight. A cache of at most `block` slots is read whole, and
+        `mask` must exclude its slots past `used` (the sampler's does: they are not valid).
 
         The same attention as `attend`, written as float32 products and sums instead of dot
         products (with a single query, XLA:CPU otherwise transposes every layer's cache before

@@ -59,6 +59,11 @@ def _write(buf: jax.Array, new: jax.Array, start: jax.Array, axis: int = 1) -> j
     return buf.at[(slice(None),) * axis + (slots,)].set(new)
 
 
+def _store(buf: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
+    """Write keys or values new [B, T, K, H] into one layer's kv-head-major cache [B, K, S, H]."""
+    return _write(buf, new.transpose(0, 2, 1, 3).astype(buf.dtype), start, axis=2)
+
+
 def forward_cached(model: Transformer, cache: Cache, tokens: jax.Array, positions: jax.Array,
                    valid: jax.Array, start: jax.Array) -> tuple[jax.Array, Cache]:
     """Run `tokens` [B, T] occupying sequence slots start..start+T-1; return logits of the last
@@ -76,7 +81,7 @@ def forward_cached(model: Transformer, cache: Cache, tokens: jax.Array, position
         new_cache["index"][kind] = _write(
             cache["index"][kind][None], q_index[:1], start)[0]
         new_cache["valid"][kind] = _write(cache["valid"][kind], valid, start)
-    masks = {}
+    masks, used = {}, {}
     for kind in cache["index"]:
         window = model.window_for(kind)
         if prefill:
@@ -85,6 +90,8 @@ def forward_cached(model: Transformer, cache: Cache, tokens: jax.Array, position
             k_index = jnp.broadcast_to(new_cache["index"][kind][None], (b,) + new_cache["index"][kind].shape)
             k_valid = new_cache["valid"][kind] & (k_index >= 0)
             masks[kind] = make_mask(q_index, k_index, k_valid, window)
+            # The slots holding keys are a prefix of the cache (the ring buffers' too).
+            used[kind] = jnp.minimum(start + 1, new_cache["index"][kind].shape[0])
     ropes = model.rope_for(positions)
     x = model.embedder.encode(tokens)
     for i, layer in enumerate(model.layers):
@@ -93,15 +100,13 @@ def forward_cached(model: Transformer, cache: Cache, tokens: jax.Array, position
 
         def attend(h, i=i, kind=kind, cos=cos, sin=sin, layer=layer):
             q, k, v = layer.attn.project_qkv(h, cos, sin)
-            heads_first = lambda a, buf: a.transpose(0, 2, 1, 3).astype(buf.dtype)  # noqa: E731
-            k_cache = _write(cache["k"][i], heads_first(k, cache["k"][i]), start, axis=2)
-            v_cache = _write(cache["v"][i], heads_first(v, cache["v"][i]), start, axis=2)
+            k_cache = _store(cache["k"][i], k, start)
+            v_cache = _store(cache["v"][i], v, start)
             new_cache["k"].append(k_cache)
             new_cache["v"].append(v_cache)
             if prefill:
                 return layer.attn.attend(q, k, v, masks[kind])
-            used = jnp.minimum(start + 1, k_cache.shape[2])  # slots holding keys: a prefix
-            return layer.attn.attend_step(q, k_cache, v_cache, masks[kind], used)
+            return layer.attn.attend_step(q, k_cache, v_cache, masks[kind], used[kind])
 
         x = layer(x, attend)
     last = model.final_norm(x[:, -1:])

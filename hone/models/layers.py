@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from hone.kernels import packed as packed_kernel
 from hone.models.config import ModelConfig, RopeScaling
 from hone.models.matmul import matmul
 
@@ -61,6 +62,9 @@ class Embedder(nnx.Module):
         self.embedding = param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), dtype)
         # Gemma scales embeddings by sqrt(D), rounded to the compute dtype as the reference does.
         self.scale = math.sqrt(cfg.hidden_size) if cfg.embed_scale else None
+        # The table transposed into column panels for the CPU decode kernel; set by the
+        # sampler's decode step only (hone/sampling/engine.py).
+        self.packed: jax.Array | None = nnx.data(None)
 
     def encode(self, tokens: jax.Array) -> jax.Array:  # [B, T] -> [B, T, D]
         x = jnp.take(self.embedding[...], tokens, axis=0)
@@ -70,6 +74,8 @@ class Embedder(nnx.Module):
 
     def decode(self, x: jax.Array) -> jax.Array:  # [B, T, D] -> [B, T, V]
         table = self.embedding[...]
+        if self.packed is not None:
+            return packed_kernel.matmul(x, self.packed, table.shape[0])
         if x.dtype == table.dtype == jnp.bfloat16:  # float32 logits from the accumulator
             return matmul(x, table.T, out_dtype=jnp.float32)
         return jnp.einsum("BTD,VD->BTV", x, table)

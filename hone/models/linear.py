@@ -8,7 +8,10 @@ every weight in one place:
 - `lora` (hone/models/lora.py): adds (dropout(x) @ A @ B) * alpha / r to the product;
 - `quant` (hone/models/quant.py): replaces `kernel` by packed codes and scales, dequantized to
   the kernel's dtype right before the matmul.
-Both are None on a plain model; lora.py attaches them, so this file imports neither.
+- `packed` (hone/kernels/packed.py): the base weight laid out in column panels for the CPU decode
+  kernel; the sampler attaches it inside its jitted decode step only (hone/sampling/engine.py).
+Each is None on a plain model; lora.py and the sampler attach them, so this file imports neither
+lora nor quant.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from hone.kernels import packed as packed_kernel
 from hone.models.layers import param
 from hone.models.matmul import matmul
 
@@ -39,6 +43,7 @@ class Linear(nnx.Module):
         # Attached later by lora.py; nnx.data marks them as pytree data while still None.
         self.quant: QuantizedWeight | None = nnx.data(None)  # replaces kernel when quantized
         self.lora: LoRA | None = nnx.data(None)
+        self.packed: jax.Array | None = nnx.data(None)  # set by the sampler's decode step only
 
     @property
     def in_features(self) -> int:
@@ -57,7 +62,10 @@ class Linear(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         lead = x.shape[: x.ndim - len(self.in_shape)]
         x2 = x.reshape(lead + (self.in_features,))
-        y = matmul(x2, self.weight())
+        if self.packed is not None:
+            y = packed_kernel.matmul(x2, self.packed, self.out_features).astype(x2.dtype)
+        else:
+            y = matmul(x2, self.weight())
         if self.lora is not None:
             y = y + self.lora(x2).astype(y.dtype)
         return y.reshape(lead + self.out_shape)

@@ -10,6 +10,16 @@ Design choices:
 - Each step's random key is `fold_in(seed_key, step)`, so the samples do not depend on how the
   loop is cut into calls (streaming or not).
 - The cache and loop state are donated: the cache is updated in place.
+- On the CPU, `pack_weights` lays every weight matrix out in column panels (one copy of the
+  weights, or of their dequantized values for a quantized model) and the decode step multiplies
+  by them with hone's kernel (hone/kernels/packed_matmul.cc), which
+  streams a panel as one sequential read; XLA:CPU's products of a few rows by a row-major
+  matrix are 1.3-3x slower at the SmolLM2 shapes. Prefill keeps XLA's products (many rows).
+  Elsewhere (GPU, TPU, a mesh of several devices, no C++ compiler) the packed tree is empty and
+  the step is the same program as before. The panels of the last weights packed are kept while
+  those weights live (weak references: the entry goes when any of them is collected), so
+  generating again with the same model packs nothing; packing costs about as much as 10 decode
+  steps of SmolLM2-135M at batch 8, mostly the first touch of the new memory.
 - `copies` samples per prompt (RL's groups, pass@k) share one prefill: the prompts are run once
   and their cache rows and last logits repeated, row i·copies + j holding copy j of prompt i.
   The first token is drawn from the repeated logits with the same key over the whole batch, so
@@ -19,6 +29,7 @@ Design choices:
 from __future__ import annotations
 
 import collections
+import weakref
 from functools import partial
 from typing import Any
 
@@ -26,6 +37,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from hone.kernels import packed as packed_kernel
+from hone.models.layers import Embedder
+from hone.models.linear import Linear
 from hone.sampling.cache import forward_cached, init_cache
 from hone.sampling.strategies import SamplingMode, choose
 
@@ -72,16 +86,73 @@ def prefill(graphdef, params, tokens, valid, key, temperature, top_p, *, mode: S
     }
 
 
+def _packable(model):
+    """(path, module, weight [K, N]) of every product the decode kernel can take over."""
+    tied = getattr(model, "lm_head", None) is None
+    for path, module in nnx.iter_modules(model):
+        if isinstance(module, Linear):
+            yield path, module, module.weight()
+        elif isinstance(module, Embedder) and tied:
+            yield path, module, module.embedding[...].T
+
+
+@partial(jax.jit, static_argnames=("graphdef",))
+def _pack(graphdef, params) -> dict[str, jax.Array]:
+    TRACES["pack"] += 1
+    model = nnx.merge(graphdef, params)
+    return {"/".join(map(str, path)): packed_kernel.pack(w) for path, _, w in _packable(model)}
+
+
+# The last packed weights: (graphdef, weak references to the params' leaves, panels).
+_LAST: list = []
+
+
+def _forget(ref) -> None:
+    if _LAST and any(r is ref for r in _LAST[0][1]):
+        _LAST.clear()
+
+
+def pack_weights(graphdef, params) -> dict[str, jax.Array]:
+    """The model's weights in column panels for the decode kernel, by module path; empty where
+    the kernel cannot run (not the CPU, weights on several devices, no compiler). Reuses the
+    last result while these very arrays are passed again."""
+    if not packed_kernel.usable(params):
+        return {}
+    leaves = jax.tree.leaves(params)
+    if _LAST:
+        old_graphdef, refs, panels = _LAST[0]
+        if (old_graphdef == graphdef and len(refs) == len(leaves)
+                and all(r() is leaf for r, leaf in zip(refs, leaves))):
+            return panels
+    panels = _pack(graphdef, params)
+    _LAST.clear()
+    try:
+        refs = [weakref.ref(leaf, _forget) for leaf in leaves]
+    except TypeError:  # a leaf that is not an array: nothing to key the entry on
+        return panels
+    _LAST.append((graphdef, refs, panels))
+    return panels
+
+
+def _attach(model, packed: dict[str, jax.Array]) -> None:
+    if not packed:
+        return
+    for path, module, _ in _packable(model):
+        module.packed = packed["/".join(map(str, path))]
+
+
 def _finish(state: State, token, eos_ids) -> jax.Array:
     return state["done"] | jnp.isin(token, eos_ids)
 
 
 @partial(jax.jit, static_argnames=("graphdef", "mode"), donate_argnames=("state",))
-def decode(graphdef, params, state: State, limit, eos_ids, pad_id, temperature, top_p, *,
-           mode: SamplingMode) -> State:
-    """Generate until `limit` tokens exist per row or every row has finished."""
+def decode(graphdef, params, packed, state: State, limit, eos_ids, pad_id, temperature, top_p,
+           *, mode: SamplingMode) -> State:
+    """Generate until `limit` tokens exist per row or every row has finished. packed: the
+    result of `pack_weights` for these params (may be empty)."""
     TRACES["decode"] += 1
     model = nnx.merge(graphdef, params)
+    _attach(model, packed)
     b = state["tokens"].shape[0]
     # A row is done once its last generated token is an end-of-sequence token.
     first = state["tokens"][jnp.arange(b), state["step"] - 1]

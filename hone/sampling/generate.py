@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hone.errors import InputError
-from hone.sampling.engine import decode, prefill, split_model
+from hone.sampling.engine import decode, pack_weights, prefill, split_model
 from hone.sampling.strategies import SamplingMode
 
 
@@ -121,10 +121,11 @@ def generate(model, tokenizer, prompts, max_new_tokens: int = 64, temperature: f
     b *= n  # completions wanted; rows past them are batch padding
     eos = jnp.asarray(list(eos_ids) or [-1], jnp.int32)
     streaming = on_step is not None or bool(stop)
+    packed = pack_weights(graphdef, params) if max_new_tokens > 1 else {}
     step = 1
     while True:
         limit = min(step + 1, max_new_tokens) if streaming else max_new_tokens
-        state = decode(graphdef, params, state, jnp.int32(limit), eos, jnp.int32(pad_id), temp,
+        state = decode(graphdef, params, packed, state, jnp.int32(limit), eos, jnp.int32(pad_id), temp,
                        nucleus, mode=mode)
         step = int(state["step"])
         done = np.asarray(state["done"])

@@ -1,0 +1,51 @@
+"""Weights in column panels, and the CPU product that streams them (packed_matmul.cc).
+
+`pack(w)` lays a [K, N] matrix out as [P, K, BW]: panel p holds columns p*BW .. p*BW + BW - 1
+of every row, the last panel padded with zero columns. `matmul(x, panels, n)` is x[..., K] @ w
+-> float32 [..., n], computed by the kernel: the same sums as `jnp.dot` in float32, in another
+order (a test holds it to XLA's product at 1e-5 relative).
+
+The sampler packs a model's weights once per `hone.generate` call and uses them for every
+decode step (hone/sampling/engine.py); packing costs one copy of the weights, a decode step
+reads them once.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from hone.kernels.build import TARGET, library, panel_width
+
+
+def usable(tree) -> bool:
+    """Whether the kernels can run on these arrays: built here, the CPU backend, one device
+    (a custom call has no sharding rule: on a mesh XLA would gather the weights first)."""
+    if jax.default_backend() != "cpu" or library() is None:
+        return False
+    for leaf in jax.tree.leaves(tree):
+        sharding = getattr(leaf, "sharding", None)
+        if sharding is not None and len(sharding.device_set) > 1:
+            return False
+    return True
+
+
+def pack(w: jax.Array) -> jax.Array:
+    """[K, N] -> [ceil(N / BW), K, BW] column panels (zero columns pad the last)."""
+    k, n = w.shape
+    bw = panel_width()
+    panels = -(-n // bw)
+    if panels * bw != n:
+        w = jnp.pad(w, ((0, 0), (0, panels * bw - n)))
+    return w.reshape(k, panels, bw).transpose(1, 0, 2)
+
+
+def matmul(x: jax.Array, panels: jax.Array, n: int) -> jax.Array:
+    """x[..., K] @ (the matrix packed in panels [P, K, BW]) -> float32 [..., n]."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    rows = 1
+    for d in lead:
+        rows *= d
+    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((rows, n), jnp.float32),
+                            vmap_method="sequential")
+    return call(x.reshape(rows, k), panels).reshape(lead + (n,))

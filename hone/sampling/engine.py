@@ -119,13 +119,11 @@ def pack_weights(graphdef, params) -> dict[str, jax.Array]:
     if not packed_kernel.usable(params):
         return {}
     leaves = jax.tree.leaves(params)
-    if _LAST:
-        old_graphdef, refs, panels = _LAST[0]
-        if (old_graphdef == graphdef and len(refs) == len(leaves)
-                and all(r() is leaf for r, leaf in zip(refs, leaves))):
-            return panels
+    if _LAST and _LAST[0][0] == graphdef and len(_LAST[0][1]) == len(leaves) and all(
+            ref() is leaf for ref, leaf in zip(_LAST[0][1], leaves)):
+        return _LAST[0][2]
+    _LAST.clear()  # before packing: never two sets of panels alive at once
     panels = _pack(graphdef, params)
-    _LAST.clear()
     try:
         refs = [weakref.ref(leaf, _forget) for leaf in leaves]
     except TypeError:  # a leaf that is not an array: nothing to key the entry on

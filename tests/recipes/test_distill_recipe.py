@@ -230,7 +230,11 @@ def test_teacher_on_its_own_device_gives_the_same_run(tmp_path, teacher):
     for a, b in zip(same, remote):
         for key in ("loss", "distill", "attention", "feature_cos", "eval_kl", "eval_cos"):
             if key in a:
-                np.testing.assert_allclose(b[key], a[key], rtol=1e-5, err_msg=key)
+                # The student starts as the teacher, so the losses are small differences of
+                # log-probabilities of size log V (5.6): float32 rounding in two programs fused
+                # differently leaves a few ulps of those (6.7e-7 each; 1.7e-6 measured on an
+                # AVX2 CPU), beyond 1e-5 of a loss of 0.15.
+                np.testing.assert_allclose(b[key], a[key], rtol=1e-5, atol=5e-6, err_msg=key)
 
 
 def test_vocabulary_map_lets_a_larger_vocabulary_learn_from_the_teacher(tmp_path, teacher):

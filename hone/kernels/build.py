@@ -29,8 +29,7 @@ import jax
 import jaxlib
 
 SOURCE = Path(__file__).with_name("packed_matmul.cc")
-FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC",
-         "-w"]
+FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w"]
 TARGET = "hone_packed_matmul"
 
 
@@ -42,6 +41,7 @@ def cache_dir() -> Path:
     return Path(os.environ.get("HONE_CACHE") or Path.home() / ".cache" / "hone") / "kernels"
 
 
+@functools.cache
 def _cpu_signature() -> str:
     """The CPU model and instruction-set flags: a build is only reused on a CPU like this one."""
     try:

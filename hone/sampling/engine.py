@@ -87,20 +87,26 @@ def prefill(graphdef, params, tokens, valid, key, temperature, top_p, *, mode: S
 
 
 def _packable(model):
-    """(path, module, weight [K, N]) of every product the decode kernel can take over."""
+    """(path key, module) of every product the decode kernel can take over: the Linears, and
+    the embedding table when it is also the output projection."""
     tied = getattr(model, "lm_head", None) is None
     for path, module in nnx.iter_modules(model):
-        if isinstance(module, Linear):
-            yield path, module, module.weight()
-        elif isinstance(module, Embedder) and tied:
-            yield path, module, module.embedding[...].T
+        if isinstance(module, Linear) or (isinstance(module, Embedder) and tied):
+            yield "/".join(map(str, path)), module
+
+
+def _matrix(module) -> jax.Array:
+    """The [K, N] matrix a packable module multiplies by."""
+    if isinstance(module, Embedder):
+        return module.embedding[...].T
+    return module.weight()
 
 
 @partial(jax.jit, static_argnames=("graphdef",))
 def _pack(graphdef, params) -> dict[str, jax.Array]:
     TRACES["pack"] += 1
     model = nnx.merge(graphdef, params)
-    return {"/".join(map(str, path)): packed_kernel.pack(w) for path, _, w in _packable(model)}
+    return {key: packed_kernel.pack(_matrix(module)) for key, module in _packable(model)}
 
 
 # The last packed weights: (graphdef, weak references to the params' leaves, panels).
@@ -135,8 +141,8 @@ def pack_weights(graphdef, params) -> dict[str, jax.Array]:
 def _attach(model, packed: dict[str, jax.Array]) -> None:
     if not packed:
         return
-    for path, module, _ in _packable(model):
-        module.packed = packed["/".join(map(str, path))]
+    for key, module in _packable(model):
+        module.packed = packed[key]
 
 
 def _finish(state: State, token, eos_ids) -> jax.Array:

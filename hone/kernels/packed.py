@@ -12,6 +12,8 @@ once.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -43,9 +45,7 @@ def pack(w: jax.Array) -> jax.Array:
 def matmul(x: jax.Array, panels: jax.Array, n: int) -> jax.Array:
     """x[..., K] @ (the matrix packed in panels [P, K, BW]) -> float32 [..., n]."""
     lead, k = x.shape[:-1], x.shape[-1]
-    rows = 1
-    for d in lead:
-        rows *= d
+    rows = math.prod(lead)
     call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((rows, n), jnp.float32),
                             vmap_method="sequential")
     return call(x.reshape(rows, k), panels).reshape(lead + (n,))

@@ -12,8 +12,8 @@ Design choices:
 - The cache and loop state are donated: the cache is updated in place.
 - On the CPU, `pack_weights` lays every weight matrix out in column panels (one copy of the
   weights, or of their dequantized values for a quantized model) and the decode step multiplies
-  by them with hone's kernel (hone/kernels/packed_matmul.cc), which
-  streams a panel as one sequential read; XLA:CPU's products of a few rows by a row-major
+  by them with hone's kernel (hone/kernels/packed_matmul.cc), which streams a panel as one
+  sequential read; XLA:CPU's products of a few rows by a row-major
   matrix are 1.3-3x slower at the SmolLM2 shapes. Prefill keeps XLA's products (many rows).
   Elsewhere (GPU, TPU, a mesh of several devices, no C++ compiler) the packed tree is empty and
   the step is the same program as before. The panels of the last weights packed are kept while
@@ -118,6 +118,16 @@ def _forget(ref) -> None:
         _LAST.clear()
 
 
+def _packed_for(graphdef, leaves) -> dict[str, jax.Array] | None:
+    """The kept panels if they were packed from exactly these arrays, else None."""
+    if not _LAST:
+        return None
+    old_graphdef, refs, panels = _LAST[0]
+    same = (old_graphdef == graphdef and len(refs) == len(leaves)
+            and all(ref() is leaf for ref, leaf in zip(refs, leaves)))
+    return panels if same else None
+
+
 def pack_weights(graphdef, params) -> dict[str, jax.Array]:
     """The model's weights in column panels for the decode kernel, by module path; empty where
     the kernel cannot run (not the CPU, weights on several devices, no compiler). Reuses the
@@ -125,9 +135,9 @@ def pack_weights(graphdef, params) -> dict[str, jax.Array]:
     if not packed_kernel.usable(params):
         return {}
     leaves = jax.tree.leaves(params)
-    if _LAST and _LAST[0][0] == graphdef and len(_LAST[0][1]) == len(leaves) and all(
-            ref() is leaf for ref, leaf in zip(_LAST[0][1], leaves)):
-        return _LAST[0][2]
+    kept = _packed_for(graphdef, leaves)
+    if kept is not None:
+        return kept
     _LAST.clear()  # before packing: never two sets of panels alive at once
     panels = _pack(graphdef, params)
     try:

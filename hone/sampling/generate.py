@@ -125,8 +125,8 @@ def generate(model, tokenizer, prompts, max_new_tokens: int = 64, temperature: f
     step = 1
     while True:
         limit = min(step + 1, max_new_tokens) if streaming else max_new_tokens
-        state = decode(graphdef, params, packed, state, jnp.int32(limit), eos, jnp.int32(pad_id), temp,
-                       nucleus, mode=mode)
+        state = decode(graphdef, params, packed, state, jnp.int32(limit), eos,
+                       jnp.int32(pad_id), temp, nucleus, mode=mode)
         step = int(state["step"])
         done = np.asarray(state["done"])
         if streaming:

@@ -28,9 +28,13 @@ from pathlib import Path
 import jax
 import jaxlib
 
-SOURCE = Path(__file__).with_name("packed_matmul.cc")
+HERE = Path(__file__).parent
+SOURCES = [HERE / "packed_matmul.cc", HERE / "decode_attention.cc"]
+HEADERS = [HERE / "common.h"]
 FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w"]
-TARGET = "hone_packed_matmul"
+# XLA custom-call targets: the FFI handler each registers.
+TARGETS = {"hone_packed_matmul": "HonePackedMatmul",
+           "hone_decode_attention": "HoneDecodeAttention"}
 
 
 class Unavailable(RuntimeError):
@@ -73,21 +77,21 @@ def build() -> Path:
     """Path of the compiled kernel library for this machine, compiling it if needed."""
     _cpu_supported()
     cxx = _compiler()
-    source = SOURCE.read_bytes()
+    texts = [path.read_bytes() for path in SOURCES + HEADERS]
     key = hashlib.sha256(b"\0".join([
-        source, " ".join(FLAGS).encode(), cxx.encode(), jaxlib.__version__.encode(),
+        *texts, " ".join(FLAGS).encode(), cxx.encode(), jaxlib.__version__.encode(),
         _cpu_signature().encode()])).hexdigest()[:16]
-    out = cache_dir() / f"packed_matmul-{key}.so"
+    out = cache_dir() / f"hone_kernels-{key}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".so.tmp")
     os.close(fd)
-    cmd = [cxx, *FLAGS, f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", tmp]
+    cmd = [cxx, *FLAGS, f"-I{jax.ffi.include_dir()}", *map(str, SOURCES), "-o", tmp]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
-            raise Unavailable(f"compiling {SOURCE.name} failed ({' '.join(cmd)}):\n"
+            raise Unavailable(f"compiling hone's kernels failed ({' '.join(cmd)}):\n"
                               f"{proc.stderr[-2000:]}")
         os.replace(tmp, out)
     finally:
@@ -99,8 +103,9 @@ def build() -> Path:
 @functools.cache
 def _load() -> ctypes.CDLL:
     lib = ctypes.cdll.LoadLibrary(str(build()))
-    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.HonePackedMatmul),
-                                platform="cpu")
+    for target, symbol in TARGETS.items():
+        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)),
+                                    platform="cpu")
     return lib
 
 

@@ -17,7 +17,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from hone.kernels.build import TARGET, library, panel_width
+from hone.kernels.build import library, panel_width
 
 
 def usable(tree) -> bool:
@@ -46,6 +46,6 @@ def matmul(x: jax.Array, panels: jax.Array, n: int) -> jax.Array:
     """x[..., K] @ (the matrix packed in panels [P, K, BW]) -> float32 [..., n]."""
     lead, k = x.shape[:-1], x.shape[-1]
     rows = math.prod(lead)
-    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((rows, n), jnp.float32),
+    call = jax.ffi.ffi_call("hone_packed_matmul", jax.ShapeDtypeStruct((rows, n), jnp.float32),
                             vmap_method="sequential")
     return call(x.reshape(rows, k), panels).reshape(lead + (n,))

@@ -18,51 +18,15 @@
 //
 // Built by hone/kernels/build.py with -march=native for the machine it runs on.
 
-#include <immintrin.h>
-
-#include <algorithm>
-#include <atomic>
-#include <cstdint>
 #include <cstring>
-#include <memory>
 #include <string>
 #include <vector>
 
-#include "xla/ffi/api/ffi.h"
-
-namespace ffi = xla::ffi;
+#include "common.h"
 
 namespace {
 
-#ifdef __AVX512F__
-constexpr int kLanes = 16;
-using Vec = __m512;
-inline Vec Zero() { return _mm512_setzero_ps(); }
-inline Vec Broadcast(float a) { return _mm512_set1_ps(a); }
-inline Vec Fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline void Store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
-inline Vec Load(const float* p) { return _mm512_loadu_ps(p); }
-inline Vec Load(const uint16_t* p) {
-  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-// Keeps a loaded vector in a register: without it the compiler folds the load into every
-// multiply-add that uses it, which reads the panel R times and makes the loop load-bound.
-#define HONE_IN_REGISTER(v) asm volatile("" : "+v"(v))
-#else
-constexpr int kLanes = 8;
-using Vec = __m256;
-inline Vec Zero() { return _mm256_setzero_ps(); }
-inline Vec Broadcast(float a) { return _mm256_set1_ps(a); }
-inline Vec Fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline void Store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
-inline Vec Load(const float* p) { return _mm256_loadu_ps(p); }
-inline Vec Load(const uint16_t* p) {
-  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-#define HONE_IN_REGISTER(v) asm volatile("" : "+x"(v))
-#endif
+using namespace hone;  // NOLINT: Vec, Load, Fma, ParallelFor, ...
 
 constexpr int kRows = 4;    // R: rows of x per tile
 constexpr int kVecs = 3;    // C: vectors of columns per tile
@@ -110,33 +74,6 @@ void Panel(const float* x, int64_t M, const W* panel, int64_t K, float* y, int64
     case 1: Tile<1>(x + r * K, panel, K, y + r * N, N, cols); break;
     default: break;
   }
-}
-
-// Runs body(i) for i in [0, n) on the caller and the pool's threads. Workers claim indices from a
-// shared counter, so a worker the pool starts late finds nothing left and returns at once; the
-// caller returns only when every claimed index is done (body outlives every call of it).
-template <typename F>
-void ParallelFor(ffi::ThreadPool& pool, int64_t n, const F& body) {
-  int64_t threads = std::min<int64_t>(pool.num_threads(), n);
-  if (threads <= 1) {
-    for (int64_t i = 0; i < n; ++i) body(i);
-    return;
-  }
-  struct Shared {
-    std::atomic<int64_t> next{0};
-    std::atomic<int64_t> done{0};
-  };
-  auto shared = std::make_shared<Shared>();
-  const F* fn = &body;
-  auto work = [shared, n, fn]() {
-    for (int64_t i; (i = shared->next.fetch_add(1, std::memory_order_relaxed)) < n;) {
-      (*fn)(i);
-      shared->done.fetch_add(1, std::memory_order_release);
-    }
-  };
-  for (int64_t t = 1; t < threads; ++t) pool.Schedule(decltype(work)(work));
-  work();
-  while (shared->done.load(std::memory_order_acquire) < n) _mm_pause();
 }
 
 ffi::Error Invalid(const std::string& what) {

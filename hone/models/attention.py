@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from hone.kernels.attention import decode_attention
 from hone.models.config import ModelConfig
 from hone.models.layers import RMSNorm, apply_rope, param
 from hone.models.linear import Linear
@@ -96,7 +97,7 @@ class Attention(nnx.Module):
 
     def attend_step(self, q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
                     mask: jax.Array, used: jax.Array | None = None,
-                    block: int = DECODE_BLOCK) -> jax.Array:
+                    block: int = DECODE_BLOCK, kernel: bool = False) -> jax.Array:
         """One query per row against a cache: q [B, 1, N, H], k/v cache [B, K, S, H]
         (kv-head-major), mask [B, 1, S] -> output [B, 1, D]. `used`: how many leading cache
         slots may hold keys (None: all S); past it, whole blocks are not read and slots of a
@@ -108,10 +109,16 @@ class Attention(nnx.Module):
         two small batched matrix products). A cache longer than `block` slots is read in blocks
         with a running softmax (maximum, normaliser and weighted sum carried from block to
         block), and only the blocks below `used`: a decode step costs what the sequence so far
-        holds, not what the cache could hold.
+        holds, not what the cache could hold. kernel: compute it all in hone's CPU kernel
+        (hone/kernels/attention.py; the same numbers up to float32 summation order).
         """
         b, _, n, h = q.shape
         kv, s = self.num_kv_heads, k_cache.shape[2]
+        if kernel:
+            out = decode_attention(q[:, 0], k_cache, v_cache, mask[:, 0],
+                                   jnp.int32(s) if used is None else used, self.scale,
+                                   self.softcap)
+            return self.o(out.astype(q.dtype).reshape(b, 1, n, h))
         f32 = jnp.float32
         qg = q.reshape(b, kv, n // kv, 1, h).astype(f32)
         mask = mask[:, None, :, :]  # [B, 1, 1, S]

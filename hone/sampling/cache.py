@@ -65,13 +65,15 @@ def _store(buf: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
 
 
 def forward_cached(model: Transformer, cache: Cache, tokens: jax.Array, positions: jax.Array,
-                   valid: jax.Array, start: jax.Array) -> tuple[jax.Array, Cache]:
+                   valid: jax.Array, start: jax.Array,
+                   kernels: bool = False) -> tuple[jax.Array, Cache]:
     """Run `tokens` [B, T] occupying sequence slots start..start+T-1; return logits of the last
     slot [B, V] and the updated cache.
 
     Prefill (empty cache, T = prompt length) attends over its own fresh keys, so a prompt longer
     than a sliding window is exact even though the ring keeps only the last W keys. Decode (T = 1)
-    attends over the cache after writing its own key.
+    attends over the cache after writing its own key; with `kernels` (the CPU, where the
+    sampler packed the weights) in hone's attention kernel.
     """
     b, t = tokens.shape
     q_index = jnp.broadcast_to(start + jnp.arange(t, dtype=jnp.int32), (b, t))
@@ -106,7 +108,8 @@ def forward_cached(model: Transformer, cache: Cache, tokens: jax.Array, position
             new_cache["v"].append(v_cache)
             if prefill:
                 return layer.attn.attend(q, k, v, masks[kind])
-            return layer.attn.attend_step(q, k_cache, v_cache, masks[kind], used[kind])
+            return layer.attn.attend_step(q, k_cache, v_cache, masks[kind], used[kind],
+                                          kernel=kernels)
 
         x = layer(x, attend)
     last = model.final_norm(x[:, -1:])

@@ -180,7 +180,7 @@ def decode(graphdef, params, packed, state: State, limit, eos_ids, pad_id, tempe
         last = s["tokens"][:, step - 1]
         logits, cache = forward_cached(
             model, s["cache"], last[:, None], s["next_pos"][:, None],
-            jnp.ones((b, 1), jnp.bool_), s["start"] + step - 1)
+            jnp.ones((b, 1), jnp.bool_), s["start"] + step - 1, kernels=bool(packed))
         token, lp, slp = choose(logits, jax.random.fold_in(s["key"], step), mode, temperature,
                                 top_p)
         token = jnp.where(s["done"], pad_id, token)

@@ -36,6 +36,16 @@ inline Vec Add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
 inline Vec Sub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
 inline Vec Mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
 inline float Sum(Vec v) { return _mm512_reduce_add_ps(v); }
+// The sums of 8 vectors, one per lane of the result (lane j: the sum of v[j]'s lanes).
+inline __m256 Sums8(const Vec* v) {
+  __m256 half[8];
+  for (int j = 0; j < 8; ++j)
+    half[j] = _mm256_add_ps(_mm512_castps512_ps256(v[j]), _mm256_castpd_ps(
+        _mm512_extractf64x4_pd(_mm512_castps_pd(v[j]), 1)));
+  __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(half[0], half[1]), _mm256_hadd_ps(half[2], half[3]));
+  __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(half[4], half[5]), _mm256_hadd_ps(half[6], half[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
 // e^x to float32 precision (Cephes' expf: 2^n times a degree-6 polynomial of the remainder);
 // 0 below -87.33 (where float32's e^x leaves the normal range), x is clamped at 88 above.
 inline Vec Exp(Vec x) {
@@ -77,6 +87,12 @@ inline float Sum(Vec v) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
   return _mm_cvtss_f32(s);
+}
+// The sums of 8 vectors, one per lane of the result (lane j: the sum of v[j]'s lanes).
+inline __m256 Sums8(const Vec* v) {
+  __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
 }
 // e^x to float32 precision (Cephes' expf: 2^n times a degree-6 polynomial of the remainder);
 // 0 below -87.33 (where float32's e^x leaves the normal range), x is clamped at 88 above.

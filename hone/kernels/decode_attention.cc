@@ -54,30 +54,37 @@ float Dot(const float* q, const T* k, int64_t H) {
   return sum;
 }
 
-// out[0:H] = sum over s < U of p[s] * v[s, 0:H] (rows of v H apart).
+// scores[j] = q[0:H] . k_j[0:H] for the 8 keys k_j = k + j*H; H a multiple of kLanes.
+template <typename T>
+void Dot8(const float* q, const T* k, int64_t H, float* scores) {
+  Vec acc[8];
+  for (int j = 0; j < 8; ++j) acc[j] = Zero();
+  for (int64_t h = 0; h < H; h += kLanes) {
+    Vec qv = Load(q + h);
+    for (int j = 0; j < 8; ++j) acc[j] = Fma(qv, Load(k + j * H + h), acc[j]);
+  }
+  _mm256_storeu_ps(scores, Sums8(acc));
+}
+
+// out[0:NV*kLanes] = sum over s < U of p[s] * v[s, 0:NV*kLanes] (rows of v H apart). NV
+// accumulators: 8 keep both multiply-add units busy through the adds' latency.
+template <int NV, typename T>
+void WeightedVecs(const float* p, const T* v, int64_t U, int64_t H, float* out) {
+  Vec acc[NV];
+  for (int c = 0; c < NV; ++c) acc[c] = Zero();
+  for (int64_t s = 0; s < U; ++s) {
+    Vec ps = Broadcast(p[s]);
+    for (int c = 0; c < NV; ++c) acc[c] = Fma(ps, Load(v + s * H + c * kLanes), acc[c]);
+  }
+  for (int c = 0; c < NV; ++c) Store(out + c * kLanes, acc[c]);
+}
+
 template <typename T>
 void Weighted(const float* p, const T* v, int64_t U, int64_t H, float* out) {
   int64_t h = 0;
-  for (; h + 4 * kLanes <= H; h += 4 * kLanes) {
-    Vec a0 = Zero(), a1 = Zero(), a2 = Zero(), a3 = Zero();
-    for (int64_t s = 0; s < U; ++s) {
-      Vec ps = Broadcast(p[s]);
-      const T* row = v + s * H + h;
-      a0 = Fma(ps, Load(row), a0);
-      a1 = Fma(ps, Load(row + kLanes), a1);
-      a2 = Fma(ps, Load(row + 2 * kLanes), a2);
-      a3 = Fma(ps, Load(row + 3 * kLanes), a3);
-    }
-    Store(out + h, a0);
-    Store(out + h + kLanes, a1);
-    Store(out + h + 2 * kLanes, a2);
-    Store(out + h + 3 * kLanes, a3);
-  }
-  for (; h + kLanes <= H; h += kLanes) {
-    Vec a = Zero();
-    for (int64_t s = 0; s < U; ++s) a = Fma(Broadcast(p[s]), Load(v + s * H + h), a);
-    Store(out + h, a);
-  }
+  for (; h + 8 * kLanes <= H; h += 8 * kLanes) WeightedVecs<8>(p, v + h, U, H, out + h);
+  for (; h + 4 * kLanes <= H; h += 4 * kLanes) WeightedVecs<4>(p, v + h, U, H, out + h);
+  for (; h + kLanes <= H; h += kLanes) WeightedVecs<1>(p, v + h, U, H, out + h);
   for (; h < H; ++h) {
     float a = 0.0f;
     for (int64_t s = 0; s < U; ++s) a += p[s] * Widen(v[s * H + h]);
@@ -102,20 +109,24 @@ void Heads(const Shape& d, int64_t b, int64_t kh, const float* q, const T* kc, c
   for (int64_t g = 0; g < G; ++g) {
     const int64_t head = kh * G + g;
     const float* qh = q + (b * d.N + head) * d.H;
+    int64_t s = 0;
+    if (d.H % kLanes == 0)  // eight keys at a time, no horizontal sum per key
+      for (; s + 8 <= U; s += 8) Dot8(qh, keys + s * d.H, d.H, scratch + s);
+    for (; s < U; ++s) scratch[s] = Dot(qh, keys + s * d.H, d.H);
     float top = kMasked;
-    for (int64_t s = 0; s < U; ++s) {
+    for (s = 0; s < U; ++s) {
       float x = kMasked;
       if (keep[s]) {
-        x = Dot(qh, keys + s * d.H, d.H) * d.scale;
+        x = scratch[s] * d.scale;
         if (d.softcap > 0.0f) x = d.softcap * std::tanh(x / d.softcap);
       }
       scratch[s] = x;
       top = std::max(top, x);
     }
-    for (int64_t s = U; s < padded; ++s) scratch[s] = kMasked;
+    for (s = U; s < padded; ++s) scratch[s] = kMasked;
     // Every slot masked (a row of batch padding): all weights equal, as in the XLA softmax.
     Vec norm = Zero(), shift = Broadcast(top);
-    for (int64_t s = 0; s < padded; s += kLanes) {
+    for (s = 0; s < padded; s += kLanes) {
       Vec e = Exp(Sub(Load(scratch + s), shift));
       Store(scratch + s, e);
       norm = Add(norm, e);

@@ -40,7 +40,7 @@ from flax import nnx
 from hone.kernels import packed as packed_kernel
 from hone.models.layers import Embedder
 from hone.models.linear import Linear
-from hone.sampling.cache import forward_cached, init_cache
+from hone.sampling.cache import forward_cached, init_cache, rope_table
 from hone.sampling.strategies import SamplingMode, choose
 
 # How many times each jitted function was traced (= compiled); tests read it.
@@ -67,7 +67,9 @@ def prefill(graphdef, params, tokens, valid, key, temperature, top_p, *, mode: S
     b, p = tokens.shape
     positions = jnp.maximum(jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1, 0)
     cache = init_cache(model, b, total, cache_dtype)
-    logits, cache = forward_cached(model, cache, tokens, positions, valid, jnp.int32(0))
+    rope = rope_table(model, total)
+    logits, cache = forward_cached(model, cache, tokens, positions, valid, jnp.int32(0),
+                                   rope=rope)
     if copies > 1:
         cache, logits, positions, valid = _repeat_rows(cache, logits, positions, valid, copies)
         b *= copies
@@ -75,6 +77,7 @@ def prefill(graphdef, params, tokens, valid, key, temperature, top_p, *, mode: S
     n = total - p
     return {
         "cache": cache,
+        "rope": rope,  # cos/sin by position, for the decode steps
         "key": key,
         "step": jnp.int32(1),  # tokens generated so far
         "start": jnp.int32(p),  # sequence slot of the first generated token
@@ -180,7 +183,8 @@ def decode(graphdef, params, packed, state: State, limit, eos_ids, pad_id, tempe
         last = s["tokens"][:, step - 1]
         logits, cache = forward_cached(
             model, s["cache"], last[:, None], s["next_pos"][:, None],
-            jnp.ones((b, 1), jnp.bool_), s["start"] + step - 1, kernels=bool(packed))
+            jnp.ones((b, 1), jnp.bool_), s["start"] + step - 1, kernels=bool(packed),
+            rope=s["rope"])
         token, lp, slp = choose(logits, jax.random.fold_in(s["key"], step), mode, temperature,
                                 top_p)
         token = jnp.where(s["done"], pad_id, token)

@@ -97,42 +97,65 @@ struct Shape {
   float scale, softcap;
 };
 
-// The G = N / K query heads of kv head `kh` of row `b`. scratch: U rounded up to whole vectors.
+// Issues prefetches (into L2) for lines [from, from + n) of the `lines` 64-byte lines at `base`.
+inline void PrefetchLines(const char* base, int64_t lines, int64_t from, int64_t n) {
+  for (int64_t i = from; i < std::min(lines, from + n); ++i)
+    _mm_prefetch(base + i * 64, _MM_HINT_T1);
+}
+
+// The G = N / K query heads of kv head `kh` of row `b`. scratch: G x U rounded up to whole
+// vectors. next_keys / next_values: the next task's (prefetched while this one computes, so
+// the cache is read at the rate of many outstanding loads rather than one stream per core).
 template <typename T>
 void Heads(const Shape& d, int64_t b, int64_t kh, const float* q, const T* kc, const T* vc,
-           const bool* mask, float* out, float* scratch) {
+           const bool* mask, float* out, float* scratch, const T* next_keys,
+           const T* next_values) {
   const int64_t G = d.N / d.K, U = d.U;
   const int64_t padded = (U + kLanes - 1) / kLanes * kLanes;
   const T* keys = kc + (b * d.K + kh) * d.S * d.H;
   const T* values = vc + (b * d.K + kh) * d.S * d.H;
   const bool* keep = mask + b * d.S;
+  const float* qh = q + (b * d.N + kh * G) * d.H;  // the G heads' queries, H apart
+  // Scores of every head, blocks of 8 keys outermost: each key is read from memory once.
+  const int64_t lines = (U * d.H * static_cast<int64_t>(sizeof(T)) + 63) / 64;
+  const int64_t blocks = U / 8, per_block = blocks ? (2 * lines + blocks - 1) / blocks : 0;
+  int64_t s = 0;
+  if (d.H % kLanes == 0) {  // eight keys at a time, no horizontal sum per key
+    for (int64_t i = 0; s + 8 <= U; s += 8, ++i) {
+      for (int64_t g = 0; g < G; ++g)
+        Dot8(qh + g * d.H, keys + s * d.H, d.H, scratch + g * padded + s);
+      if (next_keys != nullptr) {  // share the next task's lines out over the blocks
+        PrefetchLines(reinterpret_cast<const char*>(next_keys), lines, i * per_block, per_block);
+        PrefetchLines(reinterpret_cast<const char*>(next_values), lines,
+                      i * per_block - lines, per_block);
+      }
+    }
+  }
+  for (; s < U; ++s)
+    for (int64_t g = 0; g < G; ++g)
+      scratch[g * padded + s] = Dot(qh + g * d.H, keys + s * d.H, d.H);
   for (int64_t g = 0; g < G; ++g) {
-    const int64_t head = kh * G + g;
-    const float* qh = q + (b * d.N + head) * d.H;
-    int64_t s = 0;
-    if (d.H % kLanes == 0)  // eight keys at a time, no horizontal sum per key
-      for (; s + 8 <= U; s += 8) Dot8(qh, keys + s * d.H, d.H, scratch + s);
-    for (; s < U; ++s) scratch[s] = Dot(qh, keys + s * d.H, d.H);
+    float* p = scratch + g * padded;
     float top = kMasked;
     for (s = 0; s < U; ++s) {
       float x = kMasked;
       if (keep[s]) {
-        x = scratch[s] * d.scale;
+        x = p[s] * d.scale;
         if (d.softcap > 0.0f) x = d.softcap * std::tanh(x / d.softcap);
       }
-      scratch[s] = x;
+      p[s] = x;
       top = std::max(top, x);
     }
-    for (s = U; s < padded; ++s) scratch[s] = kMasked;
+    for (s = U; s < padded; ++s) p[s] = kMasked;
     // Every slot masked (a row of batch padding): all weights equal, as in the XLA softmax.
     Vec norm = Zero(), shift = Broadcast(top);
     for (s = 0; s < padded; s += kLanes) {
-      Vec e = Exp(Sub(Load(scratch + s), shift));
-      Store(scratch + s, e);
+      Vec e = Exp(Sub(Load(p + s), shift));
+      Store(p + s, e);
       norm = Add(norm, e);
     }
-    float* o = out + (b * d.N + head) * d.H;
-    Weighted(scratch, values, U, d.H, o);
+    float* o = out + (b * d.N + kh * G + g) * d.H;
+    Weighted(p, values, U, d.H, o);
     const float total = Sum(norm) - static_cast<float>(padded - U) * (top == kMasked);
     for (int64_t h = 0; h < d.H; ++h) o[h] /= total;
   }
@@ -148,15 +171,23 @@ void Run(ffi::ThreadPool& pool, const Shape& d, const float* q, const void* k, c
   const T* kc = static_cast<const T*>(k);
   const T* vc = static_cast<const T*>(v);
   const int64_t padded = (d.U + kLanes - 1) / kLanes * kLanes;
-  auto task = [&](int64_t t) {
-    std::vector<float> scratch(padded);
-    Heads(d, t / d.K, t % d.K, q, kc, vc, mask, out, scratch.data());
+  const int64_t tasks = d.B * d.K, G = d.N / d.K;
+  // Tasks go out in contiguous runs, so the next task a thread prefetches is its own; several
+  // runs per thread, so a thread the pool wakes late takes fewer.
+  auto run = [&](int64_t first, int64_t end) {
+    std::vector<float> scratch(G * padded);
+    for (int64_t t = first; t < end; ++t) {
+      const T* next_k = t + 1 < end ? kc + (t + 1) * d.S * d.H : nullptr;
+      const T* next_v = t + 1 < end ? vc + (t + 1) * d.S * d.H : nullptr;
+      Heads(d, t / d.K, t % d.K, q, kc, vc, mask, out, scratch.data(), next_k, next_v);
+    }
   };
   // Under ~32 Ki multiply-adds the whole call is a few microseconds: one thread.
   if (d.B * d.N * d.U * d.H < (int64_t{1} << 15)) {
-    for (int64_t t = 0; t < d.B * d.K; ++t) task(t);
+    run(0, tasks);
   } else {
-    ParallelFor(pool, d.B * d.K, task);
+    const int64_t runs = std::min<int64_t>(tasks, 4 * std::max<int64_t>(1, pool.num_threads()));
+    ParallelFor(pool, runs, [&](int64_t r) { run(r * tasks / runs, (r + 1) * tasks / runs); });
   }
 }
 

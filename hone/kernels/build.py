@@ -33,7 +33,7 @@ SOURCES = [HERE / "packed_matmul.cc", HERE / "decode_attention.cc"]
 HEADERS = [HERE / "common.h"]
 FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w"]
 # XLA custom-call targets: the FFI handler each registers.
-TARGETS = {"hone_packed_matmul": "HonePackedMatmul",
+TARGETS = {"hone_packed_matmul": "HonePackedMatmul", "hone_packed_gated": "HonePackedGated",
            "hone_decode_attention": "HoneDecodeAttention"}
 
 

@@ -16,6 +16,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from hone.kernels.build import library, panel_width
 
@@ -40,6 +41,26 @@ def pack(w: jax.Array) -> jax.Array:
     if panels * bw != n:
         w = jnp.pad(w, ((0, 0), (0, panels * bw - n)))
     return w.reshape(k, panels, bw).transpose(1, 0, 2)
+
+
+def pack_pair(gate: jax.Array, up: jax.Array) -> jax.Array:
+    """Two [K, F] matrices -> [2 * ceil(F / BW), K, BW]: gate's panel p, then up's panel p."""
+    a, b = pack(gate), pack(up)
+    return jnp.stack([a, b], axis=1).reshape((2 * a.shape[0],) + a.shape[1:])
+
+
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
+
+
+def gated(x: jax.Array, pairs: jax.Array, f: int, activation: str) -> jax.Array:
+    """act(x[..., K] @ gate) * (x @ up) -> float32 [..., f], the two matrices packed by
+    `pack_pair`; activation "silu" or "gelu_tanh" (tanh-approximated gelu)."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    rows = math.prod(lead)
+    call = jax.ffi.ffi_call("hone_packed_gated", jax.ShapeDtypeStruct((rows, f), jnp.float32),
+                            vmap_method="sequential")
+    out = call(x.reshape(rows, k), pairs, activation=np.int32(ACTIVATIONS[activation]))
+    return out.reshape(lead + (f,))
 
 
 def matmul(x: jax.Array, panels: jax.Array, n: int) -> jax.Array:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
+from hone.kernels import packed as packed_kernel
 from hone.models.config import ModelConfig
 from hone.models.linear import Linear
 
@@ -16,8 +17,15 @@ class GatedMLP(nnx.Module):
         self.up = Linear((d,), (f,), ("embed", "mlp"), dtype, rngs)
         self.down = Linear((f,), (d,), ("mlp", "embed"), dtype, rngs)
         self.activation = cfg.activation
+        # gate and up's weights in pairs of column panels: set by the sampler's decode step only
+        # (hone/sampling/engine.py), one kernel call for act(gate(x)) * up(x).
+        self.packed_gate_up: jax.Array | None = nnx.data(None)
 
     def __call__(self, x: jax.Array) -> jax.Array:  # [B, T, D] -> [B, T, D]
+        if self.packed_gate_up is not None:
+            hidden = packed_kernel.gated(x, self.packed_gate_up, self.gate.out_features,
+                                         self.activation)
+            return self.down(hidden.astype(x.dtype))
         gate = self.gate(x)  # [B, T, F]
         if self.activation == "silu":
             act = jax.nn.silu(gate)

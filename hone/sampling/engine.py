@@ -40,6 +40,7 @@ from flax import nnx
 from hone.kernels import packed as packed_kernel
 from hone.models.layers import Embedder
 from hone.models.linear import Linear
+from hone.models.mlp import GatedMLP
 from hone.sampling.cache import forward_cached, init_cache, rope_table
 from hone.sampling.strategies import SamplingMode, choose
 
@@ -90,26 +91,35 @@ def prefill(graphdef, params, tokens, valid, key, temperature, top_p, *, mode: S
 
 
 def _packable(model):
-    """(path key, module) of every product the decode kernel can take over: the Linears, and
-    the embedding table when it is also the output projection."""
+    """(path key, module) of every product the decode kernel can take over: the gated MLPs'
+    gate and up as one (the module is the GatedMLP; not with LoRA on either, whose update comes
+    before the activation), the other Linears, and the embedding table when it is also the
+    output projection."""
     tied = getattr(model, "lm_head", None) is None
-    for path, module in nnx.iter_modules(model):
-        if isinstance(module, Linear) or (isinstance(module, Embedder) and tied):
+    modules = list(nnx.iter_modules(model))
+    fused = [m for _, m in modules if isinstance(m, GatedMLP)
+             and m.gate.lora is None and m.up.lora is None]
+    inside = {id(lin) for m in fused for lin in (m.gate, m.up)}
+    for path, module in modules:
+        linear = isinstance(module, Linear) and id(module) not in inside
+        if linear or any(module is m for m in fused) or (isinstance(module, Embedder) and tied):
             yield "/".join(map(str, path)), module
 
 
-def _matrix(module) -> jax.Array:
-    """The [K, N] matrix a packable module multiplies by."""
+def _panels(module) -> jax.Array:
+    """The column panels of the [K, N] matrix a packable module multiplies by."""
+    if isinstance(module, GatedMLP):
+        return packed_kernel.pack_pair(module.gate.weight(), module.up.weight())
     if isinstance(module, Embedder):
-        return module.embedding[...].T
-    return module.weight()
+        return packed_kernel.pack(module.embedding[...].T)
+    return packed_kernel.pack(module.weight())
 
 
 @partial(jax.jit, static_argnames=("graphdef",))
 def _pack(graphdef, params) -> dict[str, jax.Array]:
     TRACES["pack"] += 1
     model = nnx.merge(graphdef, params)
-    return {key: packed_kernel.pack(_matrix(module)) for key, module in _packable(model)}
+    return {key: _panels(module) for key, module in _packable(model)}
 
 
 # The last packed weights: (graphdef, weak references to the params' leaves, panels).
@@ -155,7 +165,10 @@ def _attach(model, packed: dict[str, jax.Array]) -> None:
     if not packed:
         return
     for key, module in _packable(model):
-        module.packed = packed[key]
+        if isinstance(module, GatedMLP):
+            module.packed_gate_up = packed[key]
+        else:
+            module.packed = packed[key]
 
 
 def _finish(state: State, token, eos_ids) -> jax.Array:

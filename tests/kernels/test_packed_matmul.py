@@ -78,6 +78,35 @@ def test_pack_layout():
     assert not p[1, :, 3:].any()
 
 
+def _act(g, activation):
+    if activation == "silu":
+        return g / (1.0 + np.exp(-g))
+    return 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g ** 3)))
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("m,k,f", [(1, 64, 97), (8, 576, 1536), (13, 40, 24), (32, 96, 50)])
+def test_gated_pair_against_float64(activation, m, k, f):
+    """act(x @ gate) * (x @ up) in one call, gate and up packed in pairs of panels."""
+    rng = np.random.default_rng(m + f)
+    x = jnp.asarray(rng.standard_normal((m, k)) / np.sqrt(k) * 3.0, jnp.float32)
+    gate, up = (jnp.asarray(rng.standard_normal((k, f)), jnp.float32) for _ in range(2))
+    xd, gd, ud = (np.asarray(a, np.float64) for a in (x, gate, up))
+    want = _act(xd @ gd, activation) * (xd @ ud)
+    got = jax.jit(lambda x, p: packed.gated(x, p, f, activation))(x, packed.pack_pair(gate, up))
+    assert got.dtype == jnp.float32
+    _close(got, want)
+
+
+def test_gated_bfloat16_weights():
+    rng = np.random.default_rng(7)
+    x = jnp.asarray(rng.standard_normal((4, 64)) / 8.0, jnp.bfloat16)
+    gate, up = (jnp.asarray(rng.standard_normal((64, 100)), jnp.bfloat16) for _ in range(2))
+    xd, gd, ud = (np.asarray(a, np.float64) for a in (x, gate, up))
+    _close(packed.gated(x, packed.pack_pair(gate, up), 100, "silu"),
+           _act(xd @ gd, "silu") * (xd @ ud))
+
+
 def test_mismatched_panels_are_an_error():
     x, w, _ = _case(2, 64, 48, jnp.float32)
     with pytest.raises(Exception, match="hone_packed_matmul: w must be packed as"):

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from hone.kernels import packed as packed_kernel
 from hone.kernels.attention import decode_attention
 from hone.models.config import ModelConfig
 from hone.models.layers import RMSNorm, apply_rope, param
@@ -68,15 +69,33 @@ class Attention(nnx.Module):
             self.q_norm = self.k_norm = None
         self.scale = (cfg.query_pre_attn_scalar or h) ** -0.5
         self.softcap = cfg.attn_logit_softcap
+        # q, k and v's weights side by side in column panels: set by the sampler's decode step
+        # only (hone/sampling/engine.py), one kernel product instead of three.
+        self.packed_qkv: jax.Array | None = nnx.data(None)
 
     def project_qkv(self, x: jax.Array, cos: jax.Array, sin: jax.Array):
         """x [B, T, D] -> rotated q [B, T, N, H], rotated k [B, T, K, H], v [B, T, K, H]."""
-        q, k, v = self.q(x), self.k(x), self.v(x)
+        if self.packed_qkv is not None:
+            q, k, v = self._fused_qkv(x)
+        else:
+            q, k, v = self.q(x), self.k(x), self.v(x)
         if self.q_bias is not None:
             q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def _fused_qkv(self, x: jax.Array):
+        """q, k, v from one product by the panels of [Wq | Wk | Wv], each part then finished by
+        its own Linear (LoRA, output shape)."""
+        parts = (self.q, self.k, self.v)
+        y = packed_kernel.matmul(x, self.packed_qkv, sum(p.out_features for p in parts))
+        y = y.astype(x.dtype)
+        out, at = [], 0
+        for part in parts:
+            out.append(part.finish(x, y[..., at:at + part.out_features]))
+            at += part.out_features
+        return out
 
     def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
                return_probs: bool = False):

@@ -66,6 +66,12 @@ class Linear(nnx.Module):
             y = packed_kernel.matmul(x2, self.packed, self.out_features).astype(x2.dtype)
         else:
             y = matmul(x2, self.weight())
+        return self.finish(x2, y)
+
+    def finish(self, x2: jax.Array, y: jax.Array) -> jax.Array:
+        """The output from the base product y = x2 @ weight() [..., out_features]: plus the LoRA
+        update, in the logical output shape. (Attention's fused q/k/v product calls it for each
+        of its three parts.)"""
         if self.lora is not None:
             y = y + self.lora(x2).astype(y.dtype)
-        return y.reshape(lead + self.out_shape)
+        return y.reshape(y.shape[:-1] + self.out_shape)

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hone.kernels import packed as packed_kernel
+from hone.models.attention import Attention
 from hone.models.layers import Embedder
 from hone.models.linear import Linear
 from hone.models.mlp import GatedMLP
@@ -100,6 +101,8 @@ def _packable(model):
     fused = [m for _, m in modules if isinstance(m, GatedMLP)
              and m.gate.lora is None and m.up.lora is None]
     inside = {id(lin) for m in fused for lin in (m.gate, m.up)}
+    fused += [m for _, m in modules if isinstance(m, Attention)]
+    inside |= {id(lin) for m in fused if isinstance(m, Attention) for lin in (m.q, m.k, m.v)}
     for path, module in modules:
         linear = isinstance(module, Linear) and id(module) not in inside
         if linear or any(module is m for m in fused) or (isinstance(module, Embedder) and tied):
@@ -110,6 +113,9 @@ def _panels(module) -> jax.Array:
     """The column panels of the [K, N] matrix a packable module multiplies by."""
     if isinstance(module, GatedMLP):
         return packed_kernel.pack_pair(module.gate.weight(), module.up.weight())
+    if isinstance(module, Attention):
+        return packed_kernel.pack(jnp.concatenate(
+            [module.q.weight(), module.k.weight(), module.v.weight()], axis=1))
     if isinstance(module, Embedder):
         return packed_kernel.pack(module.embedding[...].T)
     return packed_kernel.pack(module.weight())
@@ -167,6 +173,8 @@ def _attach(model, packed: dict[str, jax.Array]) -> None:
     for key, module in _packable(model):
         if isinstance(module, GatedMLP):
             module.packed_gate_up = packed[key]
+        elif isinstance(module, Attention):
+            module.packed_qkv = packed[key]
         else:
             module.packed = packed[key]
 

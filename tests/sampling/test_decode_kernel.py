@@ -56,8 +56,10 @@ def test_kernel_and_xla_products_agree(kind, temperature, monkeypatch):
     graphdef, params = engine.split_model(model)
     packed = engine.pack_weights(graphdef, params)
     linears = [m for _, m in nnx.iter_modules(model) if type(m).__name__ == "Linear"]
-    # gate and up are one entry per layer where neither has LoRA; + the tied table
-    fused = model.config.num_layers if kind in ("tied", "untied") else 0
+    # q, k and v are one entry per layer, and so are gate and up where neither has LoRA; + the
+    # tied table
+    layers = model.config.num_layers
+    fused = 2 * layers + (layers if kind in ("tied", "untied") else 0)
     assert len(packed) == len(linears) - fused + (kind != "untied")
     toks, lps = _run(model, temperature=temperature, seed=5)
     monkeypatch.setattr(engine.packed_kernel, "usable", lambda tree: False)

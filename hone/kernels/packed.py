@@ -3,7 +3,8 @@
 `pack(w)` lays a [K, N] matrix out as [P, K, BW]: panel p holds columns p*BW .. p*BW + BW - 1
 of every row, the last panel padded with zero columns. `matmul(x, panels, n)` is x[..., K] @ w
 -> float32 [..., n], computed by the kernel: the same sums as `jnp.dot` in float32, in another
-order (tests hold it to a float64 product at float32 rounding).
+order (tests hold it to a float64 product at float32 rounding). `pack_pair(gate, up)` and
+`gated(x, pairs, f, activation)` are the gated MLP's act(x @ gate) * (x @ up) in one call.
 
 The sampler packs a model's weights once per set of weights and uses the panels for every decode
 step (hone/sampling/engine.py): packing costs one copy of the weights, a decode step reads them

@@ -14,7 +14,11 @@ Design choices:
   weights, or of their dequantized values for a quantized model) and the decode step multiplies
   by them with hone's kernel (hone/kernels/packed_matmul.cc), which streams a panel as one
   sequential read; XLA:CPU's products of a few rows by a row-major
-  matrix are 1.3-3x slower at the SmolLM2 shapes. Prefill keeps XLA's products (many rows).
+  matrix are 1.3-3x slower at the SmolLM2 shapes. Each attention's q, k and v are packed side
+  by side (one product), and each gated MLP's gate and up in pairs of panels (one call that
+  also applies the activation; not when LoRA sits on gate or up). The step's attention runs in
+  hone's kernel too (hone/kernels/decode_attention.cc). Prefill keeps XLA's products (many
+  rows: the kernel was no faster there).
   Elsewhere (GPU, TPU, a mesh of several devices, no C++ compiler) the packed tree is empty and
   the step is the same program as before. The panels of the last weights packed are kept while
   those weights live (weak references: the entry goes when any of them is collected), so
@@ -91,31 +95,35 @@ def prefill(graphdef, params, tokens, valid, key, temperature, top_p, *, mode: S
     }
 
 
+def _parts(module) -> tuple:
+    """The Linears a fused product stands for."""
+    if isinstance(module, Attention):
+        return module.q, module.k, module.v
+    return module.gate, module.up
+
+
 def _packable(model):
-    """(path key, module) of every product the decode kernel can take over: the gated MLPs'
-    gate and up as one (the module is the GatedMLP; not with LoRA on either, whose update comes
-    before the activation), the other Linears, and the embedding table when it is also the
-    output projection."""
+    """(path key, module) of every product the decode kernel can take over: each attention's
+    q, k and v as one (the module is the Attention), each gated MLP's gate and up as one (the
+    GatedMLP; not with LoRA on either, whose update comes before the activation), the other
+    Linears, and the embedding table when it is also the output projection."""
     tied = getattr(model, "lm_head", None) is None
     modules = list(nnx.iter_modules(model))
-    fused = [m for _, m in modules if isinstance(m, GatedMLP)
-             and m.gate.lora is None and m.up.lora is None]
-    inside = {id(lin) for m in fused for lin in (m.gate, m.up)}
-    fused += [m for _, m in modules if isinstance(m, Attention)]
-    inside |= {id(lin) for m in fused if isinstance(m, Attention) for lin in (m.q, m.k, m.v)}
+    fused = {id(m) for _, m in modules if isinstance(m, Attention) or (
+        isinstance(m, GatedMLP) and m.gate.lora is None and m.up.lora is None)}
+    inside = {id(lin) for _, m in modules if id(m) in fused for lin in _parts(m)}
     for path, module in modules:
-        linear = isinstance(module, Linear) and id(module) not in inside
-        if linear or any(module is m for m in fused) or (isinstance(module, Embedder) and tied):
+        if (id(module) in fused or (isinstance(module, Linear) and id(module) not in inside)
+                or (isinstance(module, Embedder) and tied)):
             yield "/".join(map(str, path)), module
 
 
 def _panels(module) -> jax.Array:
-    """The column panels of the [K, N] matrix a packable module multiplies by."""
+    """The column panels of what a packable module multiplies by (a GatedMLP: its pairs)."""
     if isinstance(module, GatedMLP):
         return packed_kernel.pack_pair(module.gate.weight(), module.up.weight())
-    if isinstance(module, Attention):
-        return packed_kernel.pack(jnp.concatenate(
-            [module.q.weight(), module.k.weight(), module.v.weight()], axis=1))
+    if isinstance(module, Attention):  # [Wq | Wk | Wv]
+        return packed_kernel.pack(jnp.concatenate([p.weight() for p in _parts(module)], axis=1))
     if isinstance(module, Embedder):
         return packed_kernel.pack(module.embedding[...].T)
     return packed_kernel.pack(module.weight())

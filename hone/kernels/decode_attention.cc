@@ -97,9 +97,10 @@ struct Shape {
   float scale, softcap;
 };
 
-// Issues prefetches (into L2) for lines [from, from + n) of the `lines` 64-byte lines at `base`.
+// Issues prefetches (into L2) for lines [from, from + n) of the `lines` 64-byte lines at `base`
+// (the part of that range inside [0, lines)).
 inline void PrefetchLines(const char* base, int64_t lines, int64_t from, int64_t n) {
-  for (int64_t i = from; i < std::min(lines, from + n); ++i)
+  for (int64_t i = std::max<int64_t>(0, from); i < std::min(lines, from + n); ++i)
     _mm_prefetch(base + i * 64, _MM_HINT_T1);
 }
 

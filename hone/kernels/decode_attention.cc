@@ -4,8 +4,9 @@
 // Written with XLA's own operations, this step is a handful of small fusions per layer (scores,
 // mask, softmax, weighted sum, and a loop over cache blocks when the cache is long) that cost
 // more in dispatch and intermediate arrays than in arithmetic: about a fifth of a SmolLM2-135M
-// decode step at batch 8, a third at batch 32. Here each (row, kv head) is one task that reads
-// its keys and values once, from memory laid out [B, K, S, H] (each head's keys contiguous).
+// decode step at batch 8, a sixth at batch 32. Here each (row, kv head) is one task that reads
+// its keys and values once, from memory laid out [B, K, S, H] (each head's keys contiguous),
+// while prefetching the next task's: a step's caches do not fit in the CPU's caches.
 //
 // The numbers are those of Attention.attend_step (hone/models/attention.py): float32 scores
 // q.k * scale, optional tanh soft-capping, masked slots set to float32's lowest value, a softmax

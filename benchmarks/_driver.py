@@ -7,21 +7,20 @@
   time, rotating the order of implementations every round; returns their JSON lines.
 - `aggregate(results, keys, key, ...)`: medians over rounds per implementation (and row).
 - `md_table(head, rows)`, `cell(summary, key, field, spec)`: a markdown table and its cells.
-- `section(...)` / `report(...)`: a RESULTS.md section's common frame; print it, --write it.
+- `section(...)` / `report(...)`: a RESULTS.md section's common frame; print it, and with
+  --write put it into RESULTS.md and the run's aggregated records into figures/NAME.json
+  (_figures.py), from which suite.py builds the Summary section.
 - `python_for(impl)`: the interpreter an implementation runs under (Tunix has its own venv).
 - `cpu_busy()`: how many cores other work kept busy just before a measurement.
 - `run_json(impl, cmd, ...)`: run one benchmark process (never two at once), echo and return the
   JSON lines it prints, and record the core-busy sample taken just before it started.
 - `versions()`: package versions of the main venv and the Tunix venv.
 - `write_section(title, text)`: replace one "## title" section of RESULTS.md, keeping the rest.
-- `save_last(name, args, records)`: this run's aggregated results as JSON in .last/NAME.json,
-  which suite.py (`make bench`) turns into the Summary section.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib.metadata as md
 import json
 import os
@@ -34,10 +33,10 @@ from typing import Callable, Iterable
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import _figures  # noqa: E402
 import _venvs  # noqa: E402
 
 RESULTS = HERE / "RESULTS.md"
-LAST = HERE / ".last"  # one JSON file per driver: its latest aggregated results (git-ignored)
 BUSY: list[float] = []  # cores busy with other work, sampled before each process
 HEADER = """# Benchmark results
 
@@ -139,19 +138,31 @@ def section(args, script: str, settings: str, bullets: dict[str, str], body: lis
     and `goals` if any."""
     return "\n".join([
         f"## {args.title}", "",
-        f"Measured {datetime.date.today().isoformat()} with `benchmarks/{script} "
-        f"--rounds {args.rounds} --repeats {args.repeats}{flags}`: {settings}", "",
+        f"Measured {_figures.today()} with `{run_command(args, script, flags)}`: {settings}",
+        "",
         *[line for impl, line in bullets.items() if impl in args.impls], "",
         *body, busy_line(BUSY), "", *([*goals, ""] if goals else [])])
 
 
-def report(args, text: str) -> None:
-    """Print the section; with --write, also put it into RESULTS.md."""
+def run_command(args, script: str, flags: str = "") -> str:
+    """How a section and its figures name the run: "benchmarks/SCRIPT --rounds R --repeats N"
+    and the driver's own `flags`."""
+    return f"benchmarks/{script} --rounds {args.rounds} --repeats {args.repeats}{flags}"
+
+
+def report(args, text: str, script: str, records: list[dict], flags: str = "") -> None:
+    """Print the section; with --write, also put it into RESULTS.md and this run's records
+    (one dict per (impl, row) with at least "impl" and "row") into figures/NAME.json, dated
+    like the section, so the Summary keeps them until a newer run of the same rows."""
     print()
     print(text)
     if args.write:
-        write_section(args.title, text)
-        print(f"wrote the {args.title} section of {RESULTS}")
+        write_section(args.title, text, RESULTS)
+        name = script.removesuffix(".py")
+        saved = _figures.add_run(name, {
+            "date": _figures.today(), "command": run_command(args, script, flags),
+            "rounds": args.rounds, "repeats": args.repeats, "records": records})
+        print(f"wrote the {args.title} section of {RESULTS} and its figures to {saved}")
 
 
 def python_for(impl: str) -> str:
@@ -213,17 +224,6 @@ def versions(main_pkgs=("jax", "flax", "torch", "transformers"),
     got = r.stdout.split() if r.returncode == 0 else ["?"] * len(names)
     out["tunix"] = f"{got[0]} ({', '.join(f'{p} {v}' for p, v in zip(tunix_pkgs, got[1:]))})"
     return out
-
-
-def save_last(name: str, args, records: list[dict], path: Path | None = None) -> Path:
-    """Write {"driver", "date", "rounds", "repeats", "records"} to .last/NAME.json: records are
-    this run's medians over rounds, one dict per (impl, row) with at least "impl" and "row"."""
-    path = path or LAST / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"driver": name, "date": datetime.date.today().isoformat(),
-                                "rounds": args.rounds, "repeats": args.repeats,
-                                "records": records}, indent=1) + "\n")
-    return path
 
 
 def write_section(title: str, section: str, path: Path = RESULTS, top: bool = False) -> None:

@@ -107,14 +107,14 @@ def main():
         bf16 = impl == "hone-bf16"
         records.append({"impl": "hone" if bf16 else impl,
                         "row": f"decode-{b}-bf16" if bf16 else f"decode-{b}", "batch": b, **s})
-    _driver.save_last("decode", args, records)
     settings = (f"greedy decode of {args.new_tokens} new tokens from {args.prompt_len}-token "
                 f"random prompts (all one length, no EOS), fp32; median over {args.rounds} "
                 f"round(s) of each process's median of {args.repeats} timed call(s) after one "
                 "first (compiling) call; processes run one at a time, order rotated per round.")
     _driver.report(args, _driver.section(
         args, "decode.py", settings, bullets(_driver.versions()),
-        [table(summary, impls, batches), ""], goal_lines(summary, batches)))
+        [table(summary, impls, batches), ""], goal_lines(summary, batches)),
+        "decode.py", records)
 
 
 if __name__ == "__main__":

@@ -95,8 +95,6 @@ def main():
 
     results = _driver.run_rounds(args, lambda impl: jobs(impl, args))
     summary = summarize(results, args.impls)
-    _driver.save_last("dpo", args, [{"impl": i, "row": row, **s}
-                                    for (i, row), s in summary.items()])
     p, c = args.prompt_len, args.completion_len
     settings = (
         f"DPO step, policy + frozen reference, {args.pairs} pairs of {p} + {c} tokens (2 x "
@@ -108,10 +106,12 @@ def main():
         "after one first (compiling) step; one process per implementation, run one at a time, "
         "order rotated per round. First loss is log 2 = 0.6931 everywhere (policy = reference "
         "at step 0).")
+    flags = " --bf16" if args.bf16 else ""  # the section and figures name the run exactly
     _driver.report(args, _driver.section(
         args, "dpo.py", settings, bullets(_driver.versions()), [
             table(summary, args.pairs), "",
-            "hone speed-up: the library's median step time / hone's (fp32).", ""]))
+            "hone speed-up: the library's median step time / hone's (fp32).", ""], flags=flags),
+        "dpo.py", [{"impl": i, "row": row, **s} for (i, row), s in summary.items()], flags)
 
 
 if __name__ == "__main__":

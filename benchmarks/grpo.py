@@ -106,7 +106,6 @@ def main():
 
     results = _driver.run_rounds(args, lambda impl: jobs(impl, args))
     summary = summarize(results, args.impls)
-    _driver.save_last("grpo", args, [{"impl": i, "row": "grpo", **s} for i, s in summary.items()])
     n, g, p, m = args.prompts, args.generations, args.prompt_len, args.new_tokens
     settings = (
         f"one GRPO step, {n} prompts x {g} generations ({n * g} sequences of {p} random prompt "
@@ -127,7 +126,8 @@ def main():
                if "hone-beta0" in args.impls else "."))
     _driver.report(args, _driver.section(
         args, "grpo.py", settings, bullets(_driver.versions(), args.beta),
-        [table(summary), "", note, ""]))
+        [table(summary), "", note, ""]),
+        "grpo.py", [{"impl": i, "row": "grpo", **s} for i, s in summary.items()])
 
 
 if __name__ == "__main__":

@@ -142,8 +142,6 @@ def main():
     results = _driver.run_rounds(args, lambda impl: jobs(impl, args))
     names = rows + ([f"{r}-bf16" for r in rows] if args.bf16 else [])
     summary = summarize(results, impls, names, args.batch * args.seq_len)
-    _driver.save_last("train", args, [{"impl": i, "row": n, **s}
-                                      for (i, n), s in summary.items()])
     vers = _driver.versions(main_pkgs=("jax", "flax", "torch", "transformers", "peft"))
     settings = (f"one optimizer step on {args.batch} x {args.seq_len} random tokens (all real, "
                 "loss on every token: hone scores all T targets of a row, Tunix's default loss "
@@ -154,7 +152,7 @@ def main():
                 f"{args.repeats} timed step(s) after one first (compiling) step; one process per "
                 "implementation and row, run one at a time, order rotated per round. Peak RSS "
                 "is the process's peak resident memory (model, optimizer state, compile).")
-    notes = []
+    notes, flags = [], " --bf16" if args.bf16 else ""
     if args.bf16:
         notes = ["", "Rows ending in -bf16 are hone with `precision=\"bf16\"` (bf16 compute, fp32 "
                  "master weights and optimizer state); their ratios (marked *) compare with "
@@ -166,7 +164,8 @@ def main():
             speed_table(summary, impls, names), *notes, "",
             "First step (trace, compile and run) and peak resident memory:", "",
             cost_table(summary, impls, names), ""],
-        goal_lines(summary, rows, impls), flags=" --bf16" if args.bf16 else ""))
+        goal_lines(summary, rows, impls), flags=flags), "train.py",
+        [{"impl": i, "row": n, **s} for (i, n), s in summary.items()], flags)
 
 
 if __name__ == "__main__":

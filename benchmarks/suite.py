@@ -52,13 +52,13 @@ NAMES = {"hone": "hone", "tunix": "Tunix", "torch": "PyTorch"}
 CHART = HERE / "results.png"
 
 
-def speedup(kind: str, hone: dict | None, other: dict | None) -> float | None:
-    """How many times faster hone is: the other's step time / hone's, or hone's tokens per
-    second / the other's (decode); None when either was not measured."""
+def speedup(hone: dict | None, other: dict | None) -> float | None:
+    """How many times faster hone is: the other's median step (or decode call) time / hone's;
+    None when either was not measured. For decode this is hone's tokens per second / the
+    other's (both decode the row's batch x new tokens), computed from the medians because the
+    figures recovered from RESULTS.md's tables have tokens per second to one decimal only."""
     if hone is None or other is None:
         return None
-    if kind == "tok/s":
-        return hone["tokens_per_s"] / other["tokens_per_s"]
     return other["median_s"] / hone["median_s"]
 
 
@@ -86,7 +86,7 @@ def collect(figures: dict[str, list[dict]]) -> list[dict]:
         missing = {i: not_run_reason(figures, driver, i, n) for i, n in wanted.items()
                    if i not in impls}
         out.append({"row": label, "kind": kind, "impls": impls, "missing": missing,
-                    "speedup": {o: speedup(kind, impls.get("hone"), impls.get(o))
+                    "speedup": {o: speedup(impls.get("hone"), impls.get(o))
                                 for o in GOALS}})
     return out
 

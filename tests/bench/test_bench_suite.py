@@ -102,7 +102,10 @@ def test_rows_keep_their_own_dates_newest_wins_and_missing_says_why():
     figures = {
         "decode": [run("decode", "2026-12-01", [
             rec("hone", "decode-8", 2.0, tokens_per_s=400.0),
-            rec("tunix", "decode-8", 4.0, tokens_per_s=200.0)])],
+            rec("tunix", "decode-8", 4.0, tokens_per_s=200.0),
+            # tok/s to one decimal, as recovered from a table: the ratio comes from the medians
+            rec("hone", "decode-32", 3.076, tokens_per_s=166.5),
+            rec("tunix", "decode-32", 6.778, tokens_per_s=75.5)])],
         "train": [run("train", "2026-11-30", [rec("hone", "sft", 2.0), rec("tunix", "sft", 4.0),
                                               rec("hone", "lora", 1.0)]),
                   run("train", "2026-12-02", [rec("hone", "sft", 1.0)])],
@@ -134,6 +137,8 @@ def test_rows_keep_their_own_dates_newest_wins_and_missing_says_why():
              suite.table(list(rows.values())).splitlines()[2:]}
     assert len(lines) == len(suite.ROWS)
     assert lines["dpo"].startswith("| dpo | not run | step s | not run | not run | not run |")
+    assert " | 166.5 | 75.5 | not run | " in lines["decode batch 32"]
+    assert " | 2.20x | - | " in lines["decode batch 32"]  # 6.778 / 3.076; 166.5 / 75.5 = 2.205
     assert lines["sft"].startswith("| sft | 2026-12-02 (hone); 2026-11-30 (tunix) | step s | "
                                    "1.000 | 4.000 | not run |")
     text = suite.section(list(rows.values()), "benchmarks/suite.py --summary-only")

@@ -166,7 +166,8 @@ def chart(rows: list[dict], path: Path = CHART) -> Path:
     ax.axhline(1.0, color="gray", linewidth=0.8)
     top = max([r["speedup"][o] or 0.0 for r in rows for o in GOALS] + list(GOALS.values()))
     ax.set_ylim(0, top * 1.25)  # room for the labels and the legend above the bars
-    ax.set_xticks(list(xs), [r["row"].replace(", ", "\n") for r in rows], fontsize=8)
+    ax.set_xticks(list(xs), [r["row"].replace(", ", "\n").replace("decode ", "decode\n")
+                            for r in rows], fontsize=8)
     ax.set_ylabel("hone speed-up (x)")
     ax.set_title("hone's speed-up per benchmark row (higher is better)")
     ax.legend(fontsize=8, loc="upper right")

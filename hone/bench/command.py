@@ -10,19 +10,27 @@ what `benchmarks/train.py` times for hone (one process, one row):
   default half), KL --beta 0.04.
 tokens_per_s counts the tokens one step processes (tokens_per_step): B x T for sft and lora,
 2 x pairs x T for dpo, B x new tokens for decode, prompts x generations x T for grpo.
+The training rows take --remat (train.remat, default none as in the benchmark rows) so long
+rows fit; the JSON's "remat" is read back from the model the row built.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 from typing import Callable
 
 from hone.bench.timing import first_and_median, peak_rss_mb
+from hone.config.schema import TrainSection
 from hone.errors import InputError
 
 ROWS = ("sft", "lora", "dpo", "decode", "grpo")
+TRAINING_ROWS = ("sft", "lora", "dpo", "grpo")  # the rows with a backward pass: --remat
+# train.remat's settings, from the config schema so the two never differ.
+REMATS = next(f.metadata["choices"] for f in dataclasses.fields(TrainSection)
+              if f.name == "remat")
 # row -> (batch, seq, prompt_len or None = half of seq); see the module docstring.
 SHAPES = {"sft": (4, 128, None), "lora": (4, 128, None), "dpo": (4, 128, None),
           "decode": (8, 64, 32), "grpo": (2, 64, None)}
@@ -45,6 +53,7 @@ examples:
   hone bench lora --precision bf16 --steps 10
   hone bench decode --batch 32
   hone bench dpo --two-rows
+  hone bench sft --seq 2048 --batch 1 --remat full
   hone bench grpo --model tiny --steps 2 --beta 0"""
 
 
@@ -66,6 +75,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="timed steps after the first (compiling) one (default 5)")
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
                    help="bf16: bf16 compute, fp32 weights (decode: bf16 weights)")
+    p.add_argument("--remat", default=None, choices=REMATS,
+                   help="sft, lora, dpo, grpo: train.remat, the gradient checkpointing of "
+                   "each block (memory for recompute, for long rows); default none")
     p.add_argument("--two-rows", action="store_true",
                    help="dpo, grpo: a row per sequence (prompt + chosen, prompt + rejected; "
                    "prompt + sample), as Tunix and PyTorch run it, instead of one row per "
@@ -104,6 +116,9 @@ def _shape(args) -> tuple[int, int, int]:
                          f"{args.row}, got {prompt}")
     if args.row == "decode" and prompt < 1:
         raise InputError(f"--prompt-len must be at least 1, got {prompt}")
+    if args.row not in TRAINING_ROWS and args.remat is not None:
+        raise InputError(f"--remat applies to {', '.join(TRAINING_ROWS)} (a backward pass); "
+                         f"{args.row} has none")
     return batch, seq, prompt
 
 
@@ -114,6 +129,8 @@ def measure(args, log: Callable = print):
     batch, seq, prompt = _shape(args)
     common = dict(model=args.model, repeats=args.steps, precision=args.precision,
                   seed=args.seed, log=log)
+    if args.row in TRAINING_ROWS:
+        common["remat"] = args.remat or "none"
     if args.row in ("sft", "lora"):
         got = train_row(args.row, batch=batch, seq=seq, **common)
     elif args.row == "dpo":
@@ -135,14 +152,17 @@ def _sig(x: float, digits: int = 6) -> float:
 def result(args, got, batch: int, seq: int, prompt: int, ceiling_gflops: float) -> dict:
     """The JSON object `hone bench` prints."""
     out = {"row": args.row, "model": args.model, "batch": batch, "seq": seq, "steps": args.steps,
-           "precision": args.precision, "median_s": _sig(got.median_s),
-           "tokens_per_step": got.tokens, "tokens_per_s": _sig(got.tokens / got.median_s),
-           "first_step_s": _sig(got.first_s),
-           "peak_rss_mb": round(got.peak_mb if got.peak_mb is not None else peak_rss_mb(), 1),
-           "flops_per_step": round(got.flops),
-           "achieved_gflops": _sig(got.flops / got.median_s / 1e9),
-           "ceiling_gflops": _sig(ceiling_gflops),
-           "mfu": _sig(got.flops / got.median_s / (ceiling_gflops * 1e9), 4)}
+           "precision": args.precision}
+    if "remat" in got.extra:  # what the row's model was built with, beside the other settings
+        out["remat"] = got.extra["remat"]
+    out |= {"median_s": _sig(got.median_s),
+            "tokens_per_step": got.tokens, "tokens_per_s": _sig(got.tokens / got.median_s),
+            "first_step_s": _sig(got.first_s),
+            "peak_rss_mb": round(got.peak_mb if got.peak_mb is not None else peak_rss_mb(), 1),
+            "flops_per_step": round(got.flops),
+            "achieved_gflops": _sig(got.flops / got.median_s / 1e9),
+            "ceiling_gflops": _sig(ceiling_gflops),
+            "mfu": _sig(got.flops / got.median_s / (ceiling_gflops * 1e9), 4)}
     if args.row in ("dpo", "decode", "grpo"):
         out["prompt_len"] = prompt
     if args.row in ("dpo", "grpo"):

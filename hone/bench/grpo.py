@@ -41,7 +41,7 @@ import numpy as np
 from flax import nnx
 
 from hone.bench import flops
-from hone.bench.rows import Measured, assert_fp32, quiet
+from hone.bench.rows import Measured, assert_fp32, quiet, step_remat
 from hone.bench.timing import finite, peak_rss_mb, timed
 
 PAD_ID = 0  # what generate pads with when there is no tokenizer; never in a prompt
@@ -54,7 +54,8 @@ def even_share(samples) -> np.ndarray:
 
 
 def _config(model: str, prompts: int, generations: int, prompt_len: int, new_tokens: int,
-            steps: int, beta: float, precision: str, seed: int, shared_prompt: bool = True):
+            steps: int, beta: float, precision: str, seed: int, shared_prompt: bool = True,
+            remat: str = "none"):
     from hone.config import GRPOConfig, load_config
     return load_config(GRPOConfig, None, [
         f"model.source={model}", "model.dtype=float32",
@@ -62,7 +63,7 @@ def _config(model: str, prompts: int, generations: int, prompt_len: int, new_tok
         f"train.max_steps={steps}", "train.lr=1e-4", "train.schedule=constant",
         "train.warmup_steps=0", "train.weight_decay=0.01", "train.b1=0.9", "train.b2=0.999",
         "train.eps=1e-8", "train.max_grad_norm=1.0", f"train.seed={seed}",
-        f"train.precision={precision}", f"grpo.group_size={generations}",
+        f"train.precision={precision}", f"train.remat={remat}", f"grpo.group_size={generations}",
         f"grpo.max_prompt_tokens={prompt_len}", f"grpo.max_new_tokens={new_tokens}",
         "grpo.temperature=0.9", f"grpo.beta={beta}", "grpo.clip_eps=0.2",
         "grpo.iterations=1", "grpo.kl_kind=k1", "grpo.loss_agg=seq-mean-token-mean",
@@ -72,9 +73,10 @@ def _config(model: str, prompts: int, generations: int, prompt_len: int, new_tok
 def grpo_row(model: str = "smollm2-135m", prompts: int = 2, generations: int = 4,
              prompt_len: int = 32, new_tokens: int = 32, repeats: int = 5, beta: float = 0.04,
              precision: str = "fp32", seed: int = 0, shared_prompt: bool = True,
-             log: Callable = quiet) -> Measured:
+             remat: str = "none", log: Callable = quiet) -> Measured:
     """One GRPO step, repeated; series holds the per-step seconds (step_s, rollout_s, update_s,
-    ref_s), extra their medians (first dropped) and beta / ref_in_update."""
+    ref_s), extra their medians (first dropped), beta / ref_in_update and the remat (train.remat)
+    the policy was built with."""
     from hone.losses.rl import grpo_advantages, policy_loss_denominator
     from hone.recipes.grpo import make_grpo_loss, make_prepare, reference_mode, tree_layout
     from hone.recipes.rl_common import rl_optimizer
@@ -85,9 +87,9 @@ def grpo_row(model: str = "smollm2-135m", prompts: int = 2, generations: int = 4
 
     steps = repeats + 1
     log(f"grpo: building {model}, {prompts} prompts x {generations} generations, "
-        f"{prompt_len} + {new_tokens} tokens, beta {beta}, {precision}")
+        f"{prompt_len} + {new_tokens} tokens, beta {beta}, {precision}, remat {remat}")
     cfg = _config(model, prompts, generations, prompt_len, new_tokens, steps, beta, precision,
-                  seed, shared_prompt)
+                  seed, shared_prompt, remat)
     g = cfg.grpo
     tree = tree_layout(cfg)
     assert tree == shared_prompt
@@ -99,6 +101,7 @@ def grpo_row(model: str = "smollm2-135m", prompts: int = 2, generations: int = 4
     mode = reference_mode(cfg, g, needed=g.beta > 0)
     assert mode == ("copy" if beta > 0 else None), mode
     graphdef, params, frozen = split_model(net, trainable)
+    built_remat = step_remat(graphdef, params, frozen)  # build_model set it from train.remat
     optimizer, schedule = rl_optimizer(cfg.train, g.iterations)
     state = new_train_state(flatten(params), optimizer, cfg.train.seed)
     aux = jax.tree.map(jnp.copy, state["params"]) if mode == "copy" else None
@@ -160,6 +163,6 @@ def grpo_row(model: str = "smollm2-135m", prompts: int = 2, generations: int = 4
                          reference=prepare is not None, shared_prompt=tree),
         losses[0], peak,
         extra={"rollout_s": med(rollout_s), "ref_s": med(ref_s), "update_s": med(update_s),
-               "beta": beta, "ref_in_update": prepare is not None},
+               "beta": beta, "ref_in_update": prepare is not None, "remat": built_remat},
         series={"step_s": step_s, "rollout_s": rollout_s, "ref_s": ref_s,
                 "update_s": update_s})

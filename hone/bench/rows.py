@@ -3,10 +3,11 @@ rows; grpo is hone/bench/grpo.py. Each returns a `Measured`.
 
 Every row runs what the matching command runs, on a model from `hone.load_model(source)` (random
 init for a preset such as `smollm2-135m` or `tiny`):
-- sft / lora: the step hone/recipes/sft.py wires: `split_model`, `build_optimizer` (AdamW,
-  constant lr 1e-4, global-norm clipping at 1.0), `new_train_state` and `make_train_step(...,
-  sft_step_loss, target_tokens, accum=1, precision)`: one jitted, state-donating function doing
-  forward, masked next-token loss, gradients, clipping and the update. lora: `apply_lora` rank
+- sft / lora: the step hone/recipes/sft.py wires: the model's `remat` (train.remat),
+  `split_model`, `build_optimizer` (AdamW, constant lr 1e-4, global-norm clipping at 1.0),
+  `new_train_state` and `make_train_step(..., sft_step_loss, target_tokens, accum=1,
+  precision)`: one jitted, state-donating function doing forward, masked next-token loss,
+  gradients, clipping and the update. lora: `apply_lora` rank
   16, alpha 32 on attn q/k/v/o and mlp gate/up/down, only `LoRAParam` trained. Batch: B rows of
   T random ids, all real tokens, the loss on all B x T; the same batch every step.
 - dpo: what `run_dpo` wires: `build_model(cfg)`, `compile_steps(cfg, model, nnx.Param,
@@ -68,6 +69,12 @@ def assert_fp32(model, kind=nnx.Param) -> None:
     assert dtypes == {jnp.dtype(jnp.float32)}, dtypes
 
 
+def step_remat(graphdef, *states) -> str:
+    """The remat setting of the model the step's graphdef rebuilds, i.e. what its program runs
+    (the JSON reports this, not the option it was asked for)."""
+    return nnx.merge(graphdef, *states).remat
+
+
 def _timed_steps(one: Callable, repeats: int, log: Callable) -> tuple[float, float, float]:
     """(first_s, median_s, first loss) of a step function returning metrics with "loss"."""
     log(f"timing: 1 first step (trace + compile + run), then {repeats} step(s)")
@@ -93,9 +100,10 @@ def train_batch(rng: np.random.Generator, b: int, t: int, vocab: int) -> dict:
 
 
 def train_row(row: str, model: str = "smollm2-135m", batch: int = 4, seq: int = 128,
-              repeats: int = 5, precision: str = "fp32", seed: int = 0,
+              repeats: int = 5, precision: str = "fp32", seed: int = 0, remat: str = "none",
               log: Callable = quiet) -> Measured:
-    """One training step, row "sft" (every parameter) or "lora" (adapters only)."""
+    """One training step, row "sft" (every parameter) or "lora" (adapters only); `remat` is
+    the blocks' gradient checkpointing (train.remat's settings)."""
     import hone
     from hone.models.lora import LoRAParam, apply_lora
     from hone.recipes.sft import sft_step_loss, target_tokens
@@ -104,15 +112,17 @@ def train_row(row: str, model: str = "smollm2-135m", batch: int = 4, seq: int = 
     from hone.train.step import make_train_step
 
     assert row in ("sft", "lora"), row
-    log(f"{row}: building {model}, batch {batch} x seq {seq}, {precision}")
+    log(f"{row}: building {model}, batch {batch} x seq {seq}, {precision}, remat {remat}")
     net = hone.load_model(model, seed=seed)
     assert_fp32(net)
+    net.remat = remat  # as run_sft sets it from train.remat; static, so in the step's graphdef
     cfg, trainable, n_lora = net.config, nnx.Param, None
     if row == "lora":
         apply_lora(net, rank=LORA_RANK, alpha=LORA_ALPHA, targets=LORA_TARGETS,
                    rngs=nnx.Rngs(seed))
         trainable = LoRAParam
     graphdef, params, frozen = split_model(net, trainable)
+    built_remat = step_remat(graphdef, params, frozen)
     flat = flatten(params)
     if row == "lora":
         assert all("lora_" in k for k in flat) and len(flat) == 2 * 7 * cfg.num_layers
@@ -130,7 +140,8 @@ def train_row(row: str, model: str = "smollm2-135m", batch: int = 4, seq: int = 
         return metrics
 
     first, med, loss0 = _timed_steps(one, repeats, log)
-    return Measured(first, med, batch * seq, flops.sft_flops(cfg, batch, seq, n_lora), loss0)
+    return Measured(first, med, batch * seq, flops.sft_flops(cfg, batch, seq, n_lora), loss0,
+                    extra={"remat": built_remat})
 
 
 def dpo_batch(rng: np.random.Generator, pairs: int, prompt_len: int, completion_len: int,
@@ -155,8 +166,9 @@ def dpo_batch(rng: np.random.Generator, pairs: int, prompt_len: int, completion_
 
 def dpo_row(model: str = "smollm2-135m", pairs: int = 4, prompt_len: int = 64,
             completion_len: int = 64, repeats: int = 5, precision: str = "fp32", seed: int = 0,
-            shared_prompt: bool = True, log: Callable = quiet) -> Measured:
-    """One DPO step: policy and frozen-copy reference over 2 x pairs sequences."""
+            shared_prompt: bool = True, remat: str = "none", log: Callable = quiet) -> Measured:
+    """One DPO step: policy and frozen-copy reference over 2 x pairs sequences; `remat` is
+    train.remat."""
     from hone.config import DPOConfig
     from hone.config.schema import DPOSection, ModelSection, TrainSection
     from hone.recipes.common import compile_steps
@@ -165,20 +177,23 @@ def dpo_row(model: str = "smollm2-135m", pairs: int = 4, prompt_len: int = 64,
 
     seq = prompt_len + completion_len
     log(f"dpo: building {model}, {pairs} pairs of {prompt_len} + {completion_len} tokens, "
-        f"{precision}, {'shared prompt' if shared_prompt else 'two rows per pair'}")
+        f"{precision}, {'shared prompt' if shared_prompt else 'two rows per pair'}, "
+        f"remat {remat}")
     cfg = DPOConfig(
         model=ModelSection(source=model, dtype="float32"),
         train=TrainSection(batch_size=pairs, grad_accum=1, lr=1e-4, schedule="constant",
                            weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-8, max_grad_norm=1.0,
-                           seed=seed, precision=precision),
+                           seed=seed, precision=precision, remat=remat),
         dpo=DPOSection(loss_type="sigmoid", beta=0.1, reference="copy",
                        shared_prompt=shared_prompt))
     net, trainable = build_model(cfg, log=quiet)
     assert trainable is nnx.Param
     assert_fp32(net)
     arch = net.config
-    _, _, frozen, state, step, _ = compile_steps(cfg, net, trainable,
-                                                 make_dpo_loss(cfg, "copy"), pair_count)
+    graphdef, params, frozen, state, step, _ = compile_steps(cfg, net, trainable,
+                                                             make_dpo_loss(cfg, "copy"),
+                                                             pair_count)
+    built_remat = step_remat(graphdef, params, frozen)  # build_model set it from train.remat
     aux = jax.tree.map(jnp.copy, state["params"])  # the frozen reference, as run_dpo makes it
     data = dpo_batch(np.random.default_rng(seed), pairs, prompt_len, completion_len,
                      arch.vocab_size, shared_prompt)
@@ -192,7 +207,7 @@ def dpo_row(model: str = "smollm2-135m", pairs: int = 4, prompt_len: int = 64,
     first, med, loss0 = _timed_steps(one, repeats, log)
     done = (flops.shared_dpo_flops(arch, pairs, prompt_len, completion_len) if shared_prompt
             else flops.dpo_flops(arch, pairs, seq))
-    return Measured(first, med, 2 * pairs * seq, done, loss0)
+    return Measured(first, med, 2 * pairs * seq, done, loss0, extra={"remat": built_remat})
 
 
 def decode_row(model="smollm2-135m", batch: int = 8, prompt_len: int = 32,

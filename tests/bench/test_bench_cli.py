@@ -26,21 +26,28 @@ def bench(capsys, *argv) -> tuple[list[str], dict]:
     return lines[:-1], json.loads(lines[-1])
 
 
-@pytest.mark.parametrize("row, tokens, formula", [
-    ("sft", lambda b, t: b * t, lambda b, t: flops.sft_flops(TINY, b, t)),
-    ("lora", lambda b, t: b * t, lambda b, t: flops.sft_flops(TINY, b, t,
-                                                              flops.lora_params(TINY, 16))),
-    ("dpo", lambda b, t: 2 * b * t,
+# remat: the --remat each training row runs with (no extra runs: the rows below run anyway);
+# lora keeps the default, which must stay "none"; decode has no backward pass, so no remat.
+@pytest.mark.parametrize("row, remat, tokens, formula", [
+    ("sft", "full", lambda b, t: b * t, lambda b, t: flops.sft_flops(TINY, b, t)),
+    ("lora", None, lambda b, t: b * t, lambda b, t: flops.sft_flops(TINY, b, t,
+                                                                    flops.lora_params(TINY, 16))),
+    ("dpo", "save_dots", lambda b, t: 2 * b * t,
      lambda b, t: flops.shared_dpo_flops(TINY, b, t // 2, t // 2)),
-    ("decode", lambda b, t: b * t, lambda b, t: flops.decode_flops(TINY, b, 32, t)),
-    ("grpo", lambda b, t: 4 * b * t,
+    ("decode", None, lambda b, t: b * t, lambda b, t: flops.decode_flops(TINY, b, 32, t)),
+    ("grpo", "full", lambda b, t: 4 * b * t,
      lambda b, t: flops.grpo_flops(TINY, b, 4, t // 2, t // 2, shared_prompt=True)),
 ])
-def test_each_row_prints_a_last_json_line(capsys, row, tokens, formula):
-    progress, got = bench(capsys, row, "--model", "tiny", "--steps", "2")
+def test_each_row_prints_a_last_json_line(capsys, row, remat, tokens, formula):
+    flags = ["--remat", remat] if remat else []
+    progress, got = bench(capsys, row, "--model", "tiny", "--steps", "2", *flags)
     assert all(line.startswith("hone bench: ") for line in progress)
     assert REQUIRED <= set(got), REQUIRED - set(got)
     assert (got["row"], got["model"], got["steps"]) == (row, "tiny", 2)
+    # read back from the model the step's graphdef rebuilds, not echoed from the option
+    assert got.get("remat") == (None if row == "decode" else remat or "none")
+    if row != "decode":
+        assert list(got)[5:7] == ["precision", "remat"]  # beside the other settings
     b, t = got["batch"], got["seq"]
     assert (b, t) == {"sft": (4, 128), "lora": (4, 128), "dpo": (4, 128), "decode": (8, 64),
                       "grpo": (2, 64)}[row]
@@ -65,6 +72,8 @@ def test_bad_shape_is_an_input_error(capsys):
     assert main(["bench", "dpo", "--model", "tiny", "--seq", "8", "--prompt-len", "8"]) == 2
     assert "--prompt-len" in capsys.readouterr().err
     assert main(["bench", "sft", "--model", "tiny", "--batch", "0"]) == 2
+    assert main(["bench", "decode", "--model", "tiny", "--remat", "full"]) == 2
+    assert "--remat applies to sft, lora, dpo, grpo" in capsys.readouterr().err
 
 
 def test_help_has_examples(capsys):

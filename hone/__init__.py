@@ -1,4 +1,4 @@
-"""hone: JAX-native post-training for large language models (public API, see API.md)."""
+"""hone: JAX-native post-training for large language models (public API, see docs/api.md)."""
 
 from hone.errors import InputError
 from hone.models.hf import save_hf

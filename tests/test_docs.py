@@ -8,8 +8,11 @@ Pure text checks (no JAX, no training), so the file runs in well under a second:
 - every dotted config key written in backticks in README.md and docs/ (`dpo.beta`,
   `grpo.scale=none`) is a key (or a section such as `model.lora`) of docs/configuration.md, and
   every `--flag` of a hone command line in the guides is a flag the command line defines;
-- every relative Markdown link in README.md and docs/ points at an existing file;
-- the guides index links every guide, and README.md links the index and the comparison page.
+- every relative Markdown link in README.md and docs/ points at an existing file, and every
+  repository path written in backticks (`hone/models/lora.py`, `tests/x.py::test_y`) exists (the
+  test too);
+- the guides index links every guide, and README.md links the index, the comparison page, the
+  architecture overview and the API reference.
 
 docs/configuration.md is itself generated from the schema and checked against it by
 tests/config/test_reference.py, so a key it lists is a key the config loader accepts.
@@ -30,7 +33,8 @@ REFERENCE = DOCS / "configuration.md"
 
 # Config files that a doc shows as the reader's own (docs/scale-out.md writes them out), not
 # files of this repository. Add a name here only when the doc shows or describes that file.
-USER_FILES = {"my.yaml", "pod.yaml", "cluster.yaml"}
+# FILE is the placeholder of the command synopsis in docs/api.md.
+USER_FILES = {"my.yaml", "pod.yaml", "cluster.yaml", "FILE"}
 
 # A backticked dotted word that ends in one of these is a file name, not a config key
 # (`reward.py`, `model.safetensors.index.json`).
@@ -42,6 +46,7 @@ CODE_SPAN = re.compile(r"`([^`]+)`")
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 COMMAND = re.compile(r"\bhone\s+([\w-]+)\s+--config[ =]([^\s`]+)([^\n`#]*)")
 DOTTED = re.compile(r"^[a-z_]+(?:\.[a-z0-9_]+)+$")
+REPO_PATH = re.compile(r"^(?:hone|tests|configs|benchmarks|scripts|docs)/[\w./-]*(?:::\w+)?$")
 
 
 def doc_files() -> list[Path]:
@@ -169,6 +174,24 @@ def test_relative_links_resolve():
     assert not problems, "\n".join(problems)
 
 
+def test_backticked_repository_paths_exist():
+    """A path such as `hone/checkpoint/manifest.py` or `tests/train/test_resume.py::test_x`
+    written in a doc names a file (and a test in it) that exists."""
+    problems = []
+    for doc in doc_files():
+        for span in CODE_SPAN.findall(prose(doc.read_text())):
+            for token in span.split():
+                token = token.strip("(),;:'\"")
+                if not REPO_PATH.match(token):
+                    continue
+                path, _, test = token.partition("::")
+                if not (ROOT / path).exists():
+                    problems.append(f"{rel(doc)}: `{token}`: no such path")
+                elif test and not re.search(rf"^\s*def {test}\(", (ROOT / path).read_text(), re.M):
+                    problems.append(f"{rel(doc)}: `{token}`: no test {test} in {path}")
+    assert not problems, "\n".join(problems)
+
+
 def test_guides_are_linked():
     index = (GUIDES / "index.md").read_text()
     linked = set(LINK.findall(index))
@@ -176,7 +199,8 @@ def test_guides_are_linked():
                if g.name != "index.md" and g.name not in linked]
     assert not missing, f"docs/guides/index.md does not link {missing}"
     readme_links = set(LINK.findall(README.read_text()))
-    for page in ("docs/guides/index.md", "docs/comparison.md"):
+    for page in ("docs/guides/index.md", "docs/comparison.md", "docs/architecture.md",
+                 "docs/api.md"):
         assert page in readme_links, f"README.md does not link {page}"
 
 

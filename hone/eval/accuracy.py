@@ -8,6 +8,10 @@ Definitions, for one prompt with n = k samples of which c are correct:
   `extract`, samples without one not voting; a tie goes to the answer seen first) is right.
 Each is averaged over the prompts.
 
+`task_accuracy` is the plain greedy form for callers that hold the records and a checker
+(`hone demo`): no prompt file, no truncation, one greedy answer per question. `accuracy` with
+one sample at temperature 0 answers alike (tests/eval/test_eval.py compares the two).
+
 The task checker is arithmetic's `is_correct` (the last "The answer is N", else the last
 number, equals the reference as a number), for the bundled sets and for user files with
 `prompt` and `answer` fields alike; majority@k reads answers with the same `extract_answer`.
@@ -120,3 +124,37 @@ def accuracy(model, tokenizer, path: str, *, samples: int = 1, temperature: floa
                           data.num_prompts, samples, temperature, data.truncated,
                           [r["prompt"] for r in data.records], references, completions,
                           result["correct"])
+
+
+@dataclass
+class TaskAccuracyReport:
+    """What task_accuracy() found, question by question."""
+
+    accuracy: float  # fraction of questions answered correctly
+    correct: list[bool]
+    questions: list[str]
+    answers: list[str]  # the model's completions
+    references: list[str]
+
+
+def chat_prompt(tokenizer, question: str) -> str:
+    """The question as one user turn of the tokenizer's chat template, ready for the answer."""
+    return tokenizer.apply_chat_template([{"role": "user", "content": question}],
+                                         add_generation_prompt=True)
+
+
+def task_accuracy(model, tokenizer, records: list[dict], check: Callable[[str, str], bool], *,
+                  max_new_tokens: int = 32, batch_size: int = 32) -> TaskAccuracyReport:
+    """Greedy pass@1 of `records` ({"prompt": question, "answer": reference}), each completion
+    scored by check(completion, reference)."""
+    from hone.sampling.generate import generate
+    questions = [r["prompt"] for r in records]
+    references = [str(r["answer"]) for r in records]
+    answers: list[str] = []
+    for i in range(0, len(questions), batch_size):
+        prompts = [chat_prompt(tokenizer, q) for q in questions[i:i + batch_size]]
+        outs = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens)
+        answers.extend(o.text for o in outs)
+    correct = [check(a, r) for a, r in zip(answers, references)]
+    return TaskAccuracyReport(sum(correct) / max(len(correct), 1), correct, questions, answers,
+                              references)

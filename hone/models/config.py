@@ -2,7 +2,7 @@
 
 Design choices:
 - One config describes every supported family (Llama 3, SmolLM2, Qwen2/2.5, Qwen3, Gemma, Gemma 2,
-  Gemma 3). A family is a set of flags, never a code path of its own (ARCHITECTURE.md rule 2).
+  Gemma 3). A family is a set of flags, never a code path of its own (docs/architecture.md, design rule 2).
 - Per-layer differences (sliding-window vs global attention, and the rotary base each uses) are a
   tuple with one entry per layer, so the model loops over layers without special cases.
 - The config is a frozen dataclass: hashable, so it can be a static argument of a jitted function.

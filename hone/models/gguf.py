@@ -13,8 +13,10 @@ Design choices:
 - Vocabulary string arrays are not decoded here (the tokenizer reads them): `open_gguf` skips them.
 - Dequantization is `gguf.quants.dequantize`, the code transformers' own GGUF loader calls, so
   the weights agree with it bit for bit (checked in tests/models/test_shipped.py).
-- Two fixes undo what llama.cpp's converter does (FACTS.md): Llama Q/K rows are stored with the
-  rotary halves interleaved, and Gemma norm weights are stored with the +1 of `(1 + w)` folded in.
+- Two fixes undo what llama.cpp's converter does: Llama Q/K rows are stored with the rotary
+  halves interleaved, and Gemma norm weights are stored with the +1 of `(1 + w)` folded in.
+  Each was once missed, and the model still ran: loss on English prose 4.06 nats per token
+  without the Q/K permutation (2.59 with), 18.7 without the norm fix (2.48 with).
 - One tensor at a time: raw bytes stay memory-mapped, and each tensor is dequantized, fixed and
   cast to `dtype` before the next, so only one tensor's float32 scratch copy exists beside the
   result.

@@ -17,7 +17,7 @@ lora nor quant.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import jax
 import jax.numpy as jnp
@@ -27,9 +27,17 @@ from hone.kernels import packed as packed_kernel
 from hone.models.layers import param
 from hone.models.matmul import matmul
 
-if TYPE_CHECKING:
-    from hone.models.lora import LoRA
-    from hone.models.quant import QuantizedWeight
+
+# What Linear needs of its attachments, named here so that this file imports neither lora.py nor
+# quant.py (lora.py imports this one): lora.LoRA and quant.QuantizedWeight fit these.
+class Adapter(Protocol):
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """The update added to the base product: x [..., in_features] -> [..., out_features]."""
+
+
+class StoredWeight(Protocol):
+    def dequantize(self) -> jax.Array:
+        """The base weight as the [in_features, out_features] matrix that multiplies x."""
 
 
 class Linear(nnx.Module):
@@ -41,8 +49,8 @@ class Linear(nnx.Module):
         self.names = tuple(names)  # logical axis names of the kernel, in then out
         self.kernel: nnx.Param | None = param(rngs, self.in_shape + self.out_shape, names, dtype)
         # Attached later by lora.py; nnx.data marks them as pytree data while still None.
-        self.quant: QuantizedWeight | None = nnx.data(None)  # replaces kernel when quantized
-        self.lora: LoRA | None = nnx.data(None)
+        self.quant: StoredWeight | None = nnx.data(None)  # replaces kernel when quantized
+        self.lora: Adapter | None = nnx.data(None)
         self.packed: jax.Array | None = nnx.data(None)  # set by the sampler's decode step only
 
     @property

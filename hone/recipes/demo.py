@@ -29,7 +29,7 @@ def run_demo(*, steps: int = 30, questions: int = 64, log=print) -> dict:
     from hone.config import SFTConfig, load_config
     from hone.datasets import BUILTIN
     from hone.datasets.arithmetic import is_correct
-    from hone.evaluation import task_accuracy
+    from hone.eval.accuracy import task_accuracy
     from hone.recipes.sft import run_sft
 
     cfg = load_config(SFTConfig, None, DEMO_OVERRIDES + [f"train.max_steps={steps}"])

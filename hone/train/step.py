@@ -142,8 +142,10 @@ def update_fn(graphdef, template, loss_fn: LossFn, normalizer_fn: NormalizerFn,
 
         def local(params, frozen, parts, normalizer, key, aux):
             mine = jax.tree.map(lambda x: x[0], parts)
-            # check_vma=False: nothing is summed behind our back (FACTS.md), so the psum
-            # below is the one all-reduce of the step.
+            # check_vma=False: with the default check_vma=True, shard_map already sums the
+            # gradients of replicated parameters across the axis (a psum on top made them N
+            # times too large), so here nothing is summed behind our back and the psum below
+            # is the one all-reduce of the step.
             out = accumulate(params, frozen, mine, normalizer, key, aux, keep_split=False)
             return jax.lax.psum(out, "data")
 

@@ -1,7 +1,8 @@
 """`hone bench ROW --model tiny`: progress lines, then one JSON line with sane values.
 
-Performance itself is never asserted (STYLE.md rule 8): only that the numbers are consistent
-with each other and with hone/bench/flops.py.
+Performance itself is never asserted (it is measured in benchmarks/, never held to a wall-clock
+limit in a test): only that the numbers are consistent with each other and with
+hone/bench/flops.py.
 """
 
 from __future__ import annotations

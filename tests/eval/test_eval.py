@@ -122,7 +122,7 @@ def test_accuracy_with_fixed_samples(monkeypatch):
 
 def test_greedy_accuracy_is_the_existing_greedy_evaluation(tiny):
     from hone.datasets import BUILTIN, is_correct
-    from hone.evaluation import task_accuracy
+    from hone.eval.accuracy import task_accuracy
     model, tok = tiny
     records = BUILTIN["arithmetic-rl-eval"]()[:2]
     ours = accuracy(model, tok, "<hand>", records=records, max_new_tokens=8)

@@ -3,7 +3,8 @@
 - `shipped_gguf_path` names the packages to install when they are missing, and assembles the
   Gemma 3 270M file into the cache once.
 - The two shipped models must match transformers' own GGUF loader tensor for tensor, and their
-  configs must match the numbers in FACTS.md.
+  configs must match the architectures the packages publish (layers, widths, heads, vocabulary,
+  special tokens: the numbers are written out in the tests below).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from hone.checkpoint import Checkpointer, CheckpointError
-from hone.checkpoint_manifest import MANIFEST, ManifestError, verify_manifest, write_manifest
+from hone.checkpoint.manifest import MANIFEST, ManifestError, verify_manifest, write_manifest
 from hone.config import SFTConfig, load_config
 from hone.recipes.sft import run_sft
 
@@ -191,7 +191,7 @@ def test_disk_full_stops_the_run_and_keeps_earlier_checkpoints(straight, tmp_pat
 
 @pytest.mark.parametrize("async_save", [True, False])
 def test_disk_full_while_writing_the_manifest(tmp_path, monkeypatch, async_save):
-    import hone.checkpoint_manifest as manifest
+    import hone.checkpoint.manifest as manifest
 
     def full(step_dir):
         raise no_space(step_dir)

@@ -6,7 +6,7 @@ Design choices:
   checkpoint is either whole or absent. Saves are asynchronous: training continues while the
   previous step's arrays are written. The newest `keep` checkpoints are kept.
 - Every step folder carries a manifest of its files' sizes and sha256 hashes, written just
-  before Orbax's rename (hone.checkpoint_manifest). A resume verifies it and falls back to the
+  before Orbax's rename (hone/checkpoint/manifest.py). A resume verifies it and falls back to the
   next older checkpoint when a file is missing, truncated or altered, or when Orbax cannot read
   it, warning with the step and the reason. When checkpoints exist but none is usable the run
   stops (CheckpointError): training from scratch over them would hide the damage.
@@ -40,11 +40,12 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from hone.checkpoint_manifest import ManifestError, manifest_writing_path_class, verify_manifest
+from hone.checkpoint.manifest import ManifestError, manifest_writing_path_class, verify_manifest
 from hone.errors import InputError
 
 # Orbax logs every save at INFO; a progress bar is the place for that.
 logging.getLogger("absl").setLevel(logging.WARNING)
+# "hone.checkpoint.manager": its records propagate to the "hone.checkpoint" logger.
 log = logging.getLogger(__name__)
 
 LOCK = "lock"  # the lock file inside the checkpoint folder; it holds "pid@host" of the holder
@@ -201,7 +202,7 @@ class Checkpointer:
                 f"none of the {len(unusable)} checkpoints can be used ({listing}). Not starting "
                 f"from scratch over them: move the folder away to start a fresh run, or put "
                 f"back intact step folders to resume (a step written before manifests existed "
-                f"can be adopted with `python -m hone.checkpoint_manifest write STEP_DIR` once "
+                f"can be adopted with `python -m hone.checkpoint.manifest write STEP_DIR` once "
                 f"you trust it)", path=str(self.directory))
         return None
 

@@ -15,7 +15,7 @@ Design choices:
   AtomicRenameTemporaryPath.finalize with the manifest added before the rename; the version is
   pinned in pyproject.toml and tests/train/test_checkpoint_safety.py checks the result.
 - The manifest itself is written to a temporary name, fsynced and renamed, so it is never seen
-  half-written even outside Orbax's protocol (`python -m hone.checkpoint_manifest write`).
+  half-written even outside Orbax's protocol (`python -m hone.checkpoint.manifest write`).
 - Verification is strict: a missing file, a file the manifest does not list, another size or
   another sha256 all make the step unusable, and an edited manifest is caught because its
   checkpoint hash no longer matches its own file list. Sizes are compared before any hashing,
@@ -163,9 +163,9 @@ def manifest_writing_path_class(root: str | Path) -> type:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m hone.checkpoint_manifest verify|write STEP_DIR...`: check step folders, or
+    """`python -m hone.checkpoint.manifest verify|write STEP_DIR...`: check step folders, or
     adopt ones written before manifests existed (after checking that they restore)."""
-    parser = argparse.ArgumentParser(prog="python -m hone.checkpoint_manifest")
+    parser = argparse.ArgumentParser(prog="python -m hone.checkpoint.manifest")
     parser.add_argument("action", choices=["verify", "write"])
     parser.add_argument("step_dirs", nargs="+")
     args = parser.parse_args(argv)

@@ -1,6 +1,39 @@
-"""Shared test set-up: tests/ is importable (reference models), and JAX stays quiet."""
+"""Shared test set-up: tests/ is importable (reference models), JAX stays quiet, and the slowest
+tests are collected first.
+
+`make test` runs two workers; a long test that starts last keeps one worker busy while the other
+has nothing left to do. The files below (subprocess families, real models, recipes: each
+measured at a minute or more, `make test` lists the slowest at its end) go first, slowest
+family first; every other test keeps its place after them.
+"""
 
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
+
+SLOW_FIRST = (
+    "train/test_fault_script.py",
+    "parallel/test_roles.py",
+    "parallel/test_mesh_parity.py",
+    "parallel/test_real_model_mesh.py",
+    "recipes/test_distill_recipe.py",
+    "recipes/test_rl_recipes.py",
+    "recipes/test_dpo_recipe.py",
+    "train/test_resume.py",
+    "models/test_shipped.py",
+    "test_pipeline.py",
+    "sampling/test_generate.py",
+    "models/test_real_models.py",
+    "test_tokenizer.py",
+    "parallel/test_profile.py",
+)
+
+
+def _rank(item) -> int:
+    path = item.nodeid.split("::")[0].removeprefix("tests/")
+    return SLOW_FIRST.index(path) if path in SLOW_FIRST else len(SLOW_FIRST)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    items.sort(key=_rank)  # stable: the order within a file and among the rest is kept

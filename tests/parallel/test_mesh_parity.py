@@ -9,13 +9,14 @@ when JAX starts.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from hostenv import host_devices_env
 
 ROOT = Path(__file__).resolve().parents[2]
 MESHES = ["1,1,1", "8,1,1", "1,8,1", "1,1,8", "2,2,2", "8,1,1,allreduce"]
@@ -26,8 +27,7 @@ FEW = ["1,1,1", "2,2,2", "8,1,1,allreduce"]
 
 
 def mesh_runs(tmp_path, *args) -> list[dict]:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu")
+    env = host_devices_env(8)
     out = subprocess.run([sys.executable, str(ROOT / "tests/parallel/mesh_runs.py"), *args[:1],
                           str(tmp_path), *args[1:]], env=env, cwd=ROOT, timeout=900,
                          capture_output=True, text=True)

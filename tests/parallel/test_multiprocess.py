@@ -29,6 +29,8 @@ from hone.errors import InputError
 from hone.parallel import initialize
 from hone.parallel.distributed import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID, resolve
 
+from hostenv import host_devices_env
+
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 240  # a safety net for a hung run; the whole test takes well under a minute
 ENV_NAMES = (ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID)
@@ -41,9 +43,7 @@ def free_port() -> int:
 
 
 def start_sft(run_dir: Path, devices: int, log: Path, *extra: str) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k not in ENV_NAMES}
-    env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-               JAX_PLATFORMS="cpu")
+    env = host_devices_env(devices, {k: v for k, v in os.environ.items() if k not in ENV_NAMES})
     cmd = [sys.executable, "-m", "hone.cli", "sft", "--config", "configs/tiny/sft.yaml",
            f"run_dir={run_dir}", "train.max_steps=10", "train.eval_every=0",
            "checkpoint.every_steps=5", "log.sinks=[jsonl]", *extra]

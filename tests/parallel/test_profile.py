@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,8 @@ import pytest
 from hone.config import SFTConfig, load_config
 from hone.errors import InputError
 from hone.parallel.profile import collective_share, read_trace
+
+from hostenv import host_devices_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -97,10 +98,7 @@ def test_profile_steps_config():
 
 
 def _sft(run_dir: Path, devices: int, *overrides: str) -> str:
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)
-    if devices > 1:
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env = host_devices_env(devices)
     out = subprocess.run(
         [sys.executable, "-m", "hone.cli", "sft", "--config", "configs/tiny/sft.yaml",
          f"run_dir={run_dir}", "train.max_steps=4", "train.eval_every=0", "data.eval_path=null",

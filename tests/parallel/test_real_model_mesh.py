@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -41,8 +40,8 @@ PROMPTS = [  # four rows of 32 tokens each
 
 
 def run_worker(case: str, tmp_path) -> dict:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu")
+    from hostenv import host_devices_env  # (this file also runs as a script, without tests/)
+    env = host_devices_env(8)
     out = subprocess.run([sys.executable, __file__, case, str(tmp_path)], env=env, cwd=ROOT,
                          timeout=600, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]

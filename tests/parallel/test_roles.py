@@ -10,7 +10,6 @@ The runs go through a subprocess, since the device count is fixed when JAX start
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,8 @@ import pytest
 
 from hone.config import GRPOConfig, PPOConfig, load_config
 from hone.errors import InputError
+
+from hostenv import host_devices_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,8 +77,7 @@ for spec in sys.argv[2:]:
 
 def role_runs(tmp_path, *specs: str) -> dict[str, dict]:
     """{name: result} of each "ALGO NAME key=value ..." run, on 4 host devices."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-               JAX_PLATFORMS="cpu")
+    env = host_devices_env(4)
     out = subprocess.run([sys.executable, "-c", RUNS, str(tmp_path), *specs], env=env,
                          cwd=ROOT, timeout=600, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]

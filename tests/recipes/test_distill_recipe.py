@@ -221,8 +221,8 @@ def test_teacher_on_its_own_device_gives_the_same_run(tmp_path, teacher):
     import os
     import subprocess
     import sys
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
-               JAX_PLATFORMS="cpu")
+    from hostenv import host_devices_env
+    env = host_devices_env(2)
     subprocess.run([sys.executable, "-c", SUB_MESH, str(tmp_path), teacher, TINY], env=env,
                    check=True, cwd=ROOT, timeout=600)
     same, remote = rows(tmp_path / "0"), rows(tmp_path / "1")

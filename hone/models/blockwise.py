@@ -37,14 +37,13 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from hone.models.masks import MASKED as _MASKED
 from hone.models.masks import MaskSpec, make_mask
 
 # Queries and keys per block. Measured on a 2k-token row of SmolLM2-135M's attention (9 heads,
 # 3 KV heads, head dim 64) on CPU: see benchmarks/RESULTS.md.
 DEFAULT_BLOCK = 512
 
-# dense's finite "minus infinity" (hone/models/attention.py).
-_MASKED = float(jnp.finfo(jnp.float32).min)
 _FAR = 2 ** 30  # an index beyond any real one, for minima and maxima over no tokens
 
 _Q_FIELDS = ("q_index", "q_segment", "q_branch")

@@ -13,6 +13,11 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
+
+# The score a masked key gets: a finite "minus infinity", so a row with every key masked (a
+# padding query) becomes uniform instead of NaN; its output is ignored by the losses anyway.
+MASKED = float(jnp.finfo(jnp.float32).min)
 
 
 def make_mask(q_index: jax.Array, k_index: jax.Array, k_valid: jax.Array,

@@ -67,7 +67,7 @@ class ModelSection:
     # None = every block.
     train_layers: int | None = field(default=None, metadata={"min": 1})
     # How attention is computed in training and scoring. dense: all T x T scores at once;
-    # blockwise: blocks of 512 queries and keys with an online softmax (memory O(T x 512), the
+    # blockwise: blocks of 256 queries and keys with an online softmax (memory O(T x 256), the
     # same numbers, key blocks no query can see skipped); cudnn / splash: the GPU / TPU fused
     # kernels, blockwise where hone has no path to them; auto: dense while a row fits in one
     # block, else cudnn on GPU, splash on TPU, blockwise on CPU.

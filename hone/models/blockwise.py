@@ -40,9 +40,11 @@ import jax.numpy as jnp
 from hone.models.masks import MASKED as _MASKED
 from hone.models.masks import MaskSpec, make_mask
 
-# Queries and keys per block. Measured on a 2k-token row of SmolLM2-135M's attention (9 heads,
-# 3 KV heads, head dim 64) on CPU: see benchmarks/RESULTS.md.
-DEFAULT_BLOCK = 512
+# Queries and keys per block. On CPU, a causal 2k-token row of SmolLM2-135M's attention (9
+# heads, 3 KV heads, head dim 64) ran forward + backward about as fast with blocks of 128 as of
+# 256 and twice as slow with 512 (a pair's scores, 9 x 256 x 256 float32, still sit in cache);
+# 256 also keeps the default 256-token rows on the dense path under model.attention=auto.
+DEFAULT_BLOCK = 256
 
 _FAR = 2 ** 30  # an index beyond any real one, for minima and maxima over no tokens
 

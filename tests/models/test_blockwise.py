@@ -150,7 +150,7 @@ def test_only_visible_block_pairs_are_visited():
 
 def test_attention_path():
     assert attention_path("auto", 512, 512, 512) == "dense"  # one block: dense
-    assert attention_path("auto", 513, 513, 512) == "blockwise"  # on CPU
+    assert attention_path("auto", 512, 513, 512) == "blockwise"  # on CPU
     assert attention_path("dense", 4096, 4096, 512) == "dense"
     assert attention_path("blockwise", 8, 8, 512) == "blockwise"
     with pytest.warns(UserWarning, match="cudnn"):

@@ -20,6 +20,7 @@ from hone.kernels import packed as packed_kernel
 from hone.kernels.attention import decode_attention
 from hone.models.blockwise import DEFAULT_BLOCK, blockwise_attention
 from hone.models.config import ModelConfig
+from hone.models.fused_attention import cudnn_attention
 from hone.models.layers import RMSNorm, apply_rope, param
 from hone.models.linear import Linear
 from hone.models.masks import MASKED as _MASKED
@@ -35,16 +36,17 @@ def attention_path(impl: str, t: int, s: int, block: int) -> str:
 
     auto: dense when the whole row fits in one block (the same numbers and memory either way,
     and one fewer loop to compile), else the backend's fused kernel where hone has a path to it
-    (cuDNN on GPU, splash on TPU), else blockwise.
+    (cuDNN on GPU; it falls back to blockwise for masks it cannot express), else blockwise
+    (splash on TPU is not wired yet).
     """
     if impl == "auto":
         if t <= block and s <= block:
             return "dense"
-        impl = {"gpu": "cudnn", "tpu": "splash"}.get(jax.default_backend(), "blockwise")
-    if impl in ("cudnn", "splash"):
-        _warn_once(f"model.attention={impl} has no path in this build; using blockwise")
+        impl = "cudnn" if jax.default_backend() == "gpu" else "blockwise"
+    if impl == "splash":
+        _warn_once("model.attention=splash has no path in this build; using blockwise")
         return "blockwise"
-    if impl not in ("dense", "blockwise"):
+    if impl not in ("dense", "blockwise", "cudnn"):
         raise ValueError(f"unknown attention implementation {impl!r}")
     return impl
 
@@ -127,10 +129,14 @@ class Attention(nnx.Module):
         a spec; a built mask, or return_probs (the maps need all of T x S anyway), is dense."""
         b, t, n, h = q.shape
         if isinstance(mask, MaskSpec):
-            if not return_probs and attention_path(impl, t, k.shape[1], block) == "blockwise":
-                out = blockwise_attention(q, k, v, mask, scale=self.scale, softcap=self.softcap,
-                                          block_q=block, block_k=block)
-                return self.o(out)
+            path = "dense" if return_probs else attention_path(impl, t, k.shape[1], block)
+            if path == "blockwise":
+                return self.o(blockwise_attention(q, k, v, mask, scale=self.scale,
+                                                  softcap=self.softcap, block_q=block,
+                                                  block_k=block))
+            if path == "cudnn":  # cuDNN where the mask allows, else blockwise
+                return self.o(cudnn_attention(q, k, v, mask, scale=self.scale,
+                                              softcap=self.softcap, block=block))
             mask = mask.build()
         out, probs = dense_attention(q, k, v, mask, scale=self.scale, softcap=self.softcap)
         out = self.o(out)

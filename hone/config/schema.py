@@ -69,8 +69,9 @@ class ModelSection:
     # How attention is computed in training and scoring. dense: all T x T scores at once;
     # blockwise: blocks of 256 queries and keys with an online softmax (memory O(T x 256), the
     # same numbers, key blocks no query can see skipped); cudnn / splash: the GPU / TPU fused
-    # kernels, blockwise where hone has no path to them; auto: dense while a row fits in one
-    # block, else cudnn on GPU, splash on TPU, blockwise on CPU.
+    # kernels, blockwise for masks they cannot express (cudnn: packing, left padding, soft-cap,
+    # float32; splash: shared-prefix branches); auto: dense while a row fits in one block, else
+    # cudnn on GPU, splash on TPU, blockwise on CPU.
     attention: str = field(default="auto", metadata={
         "choices": ("auto", "dense", "blockwise", "cudnn", "splash")})
 

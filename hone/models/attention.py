@@ -9,9 +9,6 @@ repeat of keys and values in memory). Scores and softmax are float32 whatever th
 
 from __future__ import annotations
 
-import functools
-import warnings
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -20,7 +17,7 @@ from hone.kernels import packed as packed_kernel
 from hone.kernels.attention import decode_attention
 from hone.models.blockwise import DEFAULT_BLOCK, blockwise_attention
 from hone.models.config import ModelConfig
-from hone.models.fused_attention import cudnn_attention
+from hone.models.fused_attention import cudnn_attention, splash_attention
 from hone.models.layers import RMSNorm, apply_rope, param
 from hone.models.linear import Linear
 from hone.models.masks import MASKED as _MASKED
@@ -36,17 +33,14 @@ def attention_path(impl: str, t: int, s: int, block: int) -> str:
 
     auto: dense when the whole row fits in one block (the same numbers and memory either way,
     and one fewer loop to compile), else the backend's fused kernel where hone has a path to it
-    (cuDNN on GPU; it falls back to blockwise for masks it cannot express), else blockwise
-    (splash on TPU is not wired yet).
+    (cuDNN on GPU, splash on TPU; each falls back to blockwise for masks it cannot express),
+    else blockwise.
     """
     if impl == "auto":
         if t <= block and s <= block:
             return "dense"
-        impl = "cudnn" if jax.default_backend() == "gpu" else "blockwise"
-    if impl == "splash":
-        _warn_once("model.attention=splash has no path in this build; using blockwise")
-        return "blockwise"
-    if impl not in ("dense", "blockwise", "cudnn"):
+        impl = {"gpu": "cudnn", "tpu": "splash"}.get(jax.default_backend(), "blockwise")
+    if impl not in ("dense", "blockwise", "cudnn", "splash"):
         raise ValueError(f"unknown attention implementation {impl!r}")
     return impl
 
@@ -65,11 +59,6 @@ def dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *
     scores = jnp.where(mask[:, None, None, :, :], scores, _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     return jnp.einsum("BKGTS,BSKH->BTKGH", probs, v).reshape(b, t, n, h), probs
-
-
-@functools.cache
-def _warn_once(message: str) -> None:
-    warnings.warn(message, stacklevel=3)
 
 
 class Attention(nnx.Module):
@@ -134,9 +123,10 @@ class Attention(nnx.Module):
                 return self.o(blockwise_attention(q, k, v, mask, scale=self.scale,
                                                   softcap=self.softcap, block_q=block,
                                                   block_k=block))
-            if path == "cudnn":  # cuDNN where the mask allows, else blockwise
-                return self.o(cudnn_attention(q, k, v, mask, scale=self.scale,
-                                              softcap=self.softcap, block=block))
+            if path in ("cudnn", "splash"):  # the kernel where the mask allows, else blockwise
+                fused = cudnn_attention if path == "cudnn" else splash_attention
+                return self.o(fused(q, k, v, mask, scale=self.scale, softcap=self.softcap,
+                                    block=block))
             mask = mask.build()
         out, probs = dense_attention(q, k, v, mask, scale=self.scale, softcap=self.softcap)
         out = self.o(out)

@@ -153,9 +153,8 @@ def test_attention_path():
     assert attention_path("auto", 512, 513, 512) == "blockwise"  # on CPU
     assert attention_path("dense", 4096, 4096, 512) == "dense"
     assert attention_path("blockwise", 8, 8, 512) == "blockwise"
-    assert attention_path("cudnn", 8, 8, 512) == "cudnn"  # it falls back by itself
-    with pytest.warns(UserWarning, match="splash"):
-        assert attention_path("splash", 8, 8, 512) == "blockwise"
+    assert attention_path("cudnn", 8, 8, 512) == "cudnn"  # each falls back by itself
+    assert attention_path("splash", 8, 8, 512) == "splash"
     with pytest.raises(ValueError, match="flash"):
         attention_path("flash", 8, 8, 512)
 

@@ -71,7 +71,7 @@ class ModelSection:
     # same numbers, key blocks no query can see skipped); cudnn / splash: the GPU / TPU fused
     # kernels, blockwise for masks they cannot express (cudnn: packing, left padding, soft-cap,
     # float32; splash: shared-prefix branches); auto: dense while a row fits in one block, else
-    # cudnn on GPU, splash on TPU, blockwise on CPU.
+    # cudnn on GPU, splash on a single TPU chip (unpartitioned on a mesh), else blockwise.
     attention: str = field(default="auto", metadata={
         "choices": ("auto", "dense", "blockwise", "cudnn", "splash")})
 

@@ -33,13 +33,17 @@ def attention_path(impl: str, t: int, s: int, block: int) -> str:
 
     auto: dense when the whole row fits in one block (the same numbers and memory either way,
     and one fewer loop to compile), else the backend's fused kernel where hone has a path to it
-    (cuDNN on GPU, splash on TPU; each falls back to blockwise for masks it cannot express),
-    else blockwise.
+    (cuDNN on GPU, splash on a single TPU chip; each falls back to blockwise for masks it
+    cannot express), else blockwise.
     """
     if impl == "auto":
         if t <= block and s <= block:
             return "dense"
-        impl = {"gpu": "cudnn", "tpu": "splash"}.get(jax.default_backend(), "blockwise")
+        backend = jax.default_backend()
+        # Splash is a pallas_call, which GSPMD does not partition: on a mesh it would run
+        # replicated (it needs a shard_map there), so auto takes it on a single chip only.
+        tpu = "splash" if jax.device_count() == 1 else "blockwise"
+        impl = {"gpu": "cudnn", "tpu": tpu}.get(backend, "blockwise")
     if impl not in ("dense", "blockwise", "cudnn", "splash"):
         raise ValueError(f"unknown attention implementation {impl!r}")
     return impl

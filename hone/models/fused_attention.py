@@ -18,7 +18,8 @@ a key segment no query has, so any padding and packed segments are expressible; 
 branches are not. At run time the indices must be the slots and each segment one run (as
 packing makes them). Its blocks are multiples of 128, so rows are padded to one. A query that
 sees no key gets dense's average of the values (found from the runs and the window, not from
-the kernel, whose answer there differs), and passes no gradient into the kernel.
+the kernel, whose answer there differs), and passes no gradient into the kernel. GSPMD does not
+partition the kernel (a pallas_call); on a mesh it wants a shard_map, which is parallel/'s to add.
 """
 from __future__ import annotations
 
@@ -144,6 +145,12 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, spec: MaskSpec | 
         out = jnp.where(empty[:, :, None, None, None], mean_v, out.astype(jnp.float32))
         return out.reshape(b, t, n, h).astype(q.dtype)
 
+    try:
+        jax.eval_shape(fused, q, k, v)
+    except Exception as err:  # a head size or block the kernel does not take on this chip
+        _warn_once(f"model.attention=splash: not available here ({type(err).__name__}: {err});"
+                   " using blockwise attention")
+        return blocks(q, k, v)
     return jax.lax.cond(splash_expressible(spec), fused, blocks, q, k, v)
 
 

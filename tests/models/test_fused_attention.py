@@ -46,14 +46,13 @@ def test_the_xla_run_of_the_cudnn_call_equals_dense():
         loss = lambda q, k, v: jnp.sum(fn(q, k, v, spec) * d_out)  # noqa: E731
         return fn(q, k, v, spec), jax.grad(loss, (0, 1, 2))(q, k, v)
 
-    fused = jax.jit(lambda q, k, v, spec: run(lambda q, k, v, spec: cudnn_attention(
+    fused = jax.jit(lambda spec: run(lambda q, k, v, spec: cudnn_attention(
         q, k, v, spec, scale=0.3, block=16, implementation="xla"), spec))
+    dense = jax.jit(lambda spec: run(lambda q, k, v, spec: dense_attention(
+        q, k, v, spec.build(), scale=0.3)[0], spec))
     for valid in (RIGHT, LEFT):
         spec = _spec(valid, window=9)
-        want = run(lambda q, k, v, spec: dense_attention(q, k, v, spec.build(), scale=0.3)[0],
-                   spec)
-        got = fused(q, k, v, spec)
-        for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        for x, y in zip(jax.tree.leaves(fused(spec)), jax.tree.leaves(dense(spec))):
             np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=0, atol=1e-5)
 
 
@@ -87,10 +86,10 @@ def test_splash_in_the_interpreter_equals_dense():
 
     fused = jax.jit(lambda spec: run(lambda q, k, v, spec: splash_attention(
         q, k, v, spec, scale=0.7, softcap=2.0, block=32), spec))
+    dense = jax.jit(lambda spec: run(lambda q, k, v, spec: dense_attention(
+        q, k, v, spec.build(), scale=0.7, softcap=2.0)[0], spec))
     for spec in specs:
-        want = run(lambda q, k, v, spec: dense_attention(q, k, v, spec.build(), scale=0.7,
-                                                         softcap=2.0)[0], spec)
-        for x, y in zip(jax.tree.leaves(fused(spec)), jax.tree.leaves(want)):
+        for x, y in zip(jax.tree.leaves(fused(spec)), jax.tree.leaves(dense(spec))):
             np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=0, atol=1e-5)
 
 

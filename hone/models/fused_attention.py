@@ -62,10 +62,10 @@ def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, spec: MaskSpec | N
     if reason is not None:
         _warn_once(f"model.attention=cudnn: {reason}; using blockwise attention")
         return blocks(q, k, v)
-    return jax.lax.cond(expressible(spec), fused, blocks, q, k, v)
+    return jax.lax.cond(cudnn_expressible(spec), fused, blocks, q, k, v)
 
 
-def expressible(spec: MaskSpec) -> jax.Array:
+def cudnn_expressible(spec: MaskSpec) -> jax.Array:
     """Scalar bool: are the indices the slots 0..T-1 and every row's valid keys a non-empty
     prefix (causal attention with right padding only, which cuDNN's flags can say)?"""
     slots = jnp.arange(spec.q_index.shape[1], dtype=jnp.int32)

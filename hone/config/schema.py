@@ -66,6 +66,14 @@ class ModelSection:
     # backward pass runs through them. With adapters: only the top N blocks' adapters train.
     # None = every block.
     train_layers: int | None = field(default=None, metadata={"min": 1})
+    # How attention is computed in training and scoring. dense: all T x T scores at once;
+    # blockwise: blocks of 256 queries and keys with an online softmax (memory O(T x 256), the
+    # same numbers, key blocks no query can see skipped); cudnn / splash: the GPU / TPU fused
+    # kernels, blockwise for masks they cannot express (cudnn: packing, left padding, soft-cap,
+    # float32; splash: shared-prefix branches); auto: dense while a row fits in one block, else
+    # cudnn on GPU, splash on a single TPU chip (unpartitioned on a mesh), else blockwise.
+    attention: str = field(default="auto", metadata={
+        "choices": ("auto", "dense", "blockwise", "cudnn", "splash")})
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
 """Grouped-query attention with optional q/k bias, q/k RMSNorm, logit soft-capping and sliding
-windows; and the boolean masks that combine causality, padding, packing and windows.
+windows, and the choice of how it is computed: dense (all scores [B, K, G, T, S] at once) or
+blockwise (hone/models/blockwise.py). Masks (causality, padding, packing, windows, branches)
+are hone/models/masks.py's.
 
 Queries are grouped as [B, T, K, G, H] so each KV head is read once for its G query heads (no
 repeat of keys and values in memory). Scores and softmax are float32 whatever the compute dtype.
@@ -13,39 +15,54 @@ from flax import nnx
 
 from hone.kernels import packed as packed_kernel
 from hone.kernels.attention import decode_attention
+from hone.models.blockwise import DEFAULT_BLOCK, blockwise_attention
 from hone.models.config import ModelConfig
+from hone.models.fused_attention import cudnn_attention, splash_attention
 from hone.models.layers import RMSNorm, apply_rope, param
 from hone.models.linear import Linear
-
-# A finite "minus infinity": a row with every key masked (a padding query) becomes uniform
-# instead of NaN, and its output is ignored by the losses anyway.
-_MASKED = float(jnp.finfo(jnp.float32).min)
+from hone.models.masks import MASKED as _MASKED
+from hone.models.masks import MaskSpec, make_mask  # noqa: F401  (make_mask: callers import it here)
 
 # Cache slots a decode step reads per block (Attention.attend_step).
 DECODE_BLOCK = 64
 
 
-def make_mask(q_index: jax.Array, k_index: jax.Array, k_valid: jax.Array,
-              window: int | None, q_segment: jax.Array | None = None,
-              k_segment: jax.Array | None = None, q_branch: jax.Array | None = None,
-              k_branch: jax.Array | None = None) -> jax.Array:
-    """Boolean [B, T, S]: may query t see key s?
+def attention_path(impl: str, t: int, s: int, block: int) -> str:
+    """Which implementation `Attention.attend` runs for T queries against S keys given a mask
+    spec: impl is model.attention ("auto", "dense", "blockwise", "cudnn", "splash").
 
-    q_index [B, T] / k_index [B, S]: slot of each token in the (cached) sequence, which orders
-    causality and measures window distance; k_valid [B, S]: key is a real token (not padding,
-    already written to the cache). With segments (packed documents) only equal segments see
-    each other. With branches (several continuations of one shared prefix in a row) a key of
-    branch 0 (the prefix) is seen by every branch, any other key only by its own branch.
+    auto: dense when the whole row fits in one block (the same numbers and memory either way,
+    and one fewer loop to compile), else the backend's fused kernel where hone has a path to it
+    (cuDNN on GPU, splash on a single TPU chip; each falls back to blockwise for masks it
+    cannot express), else blockwise.
     """
-    diff = q_index[:, :, None] - k_index[:, None, :]  # [B, T, S]
-    mask = (diff >= 0) & k_valid[:, None, :]
-    if window is not None:
-        mask &= diff < window
-    if q_segment is not None:
-        mask &= q_segment[:, :, None] == k_segment[:, None, :]
-    if q_branch is not None:
-        mask &= (k_branch[:, None, :] == 0) | (q_branch[:, :, None] == k_branch[:, None, :])
-    return mask
+    if impl == "auto":
+        if t <= block and s <= block:
+            return "dense"
+        backend = jax.default_backend()
+        # Splash is a pallas_call, which GSPMD does not partition: on a mesh it would run
+        # replicated (it needs a shard_map there), so auto takes it on a single chip only.
+        tpu = "splash" if jax.device_count() == 1 else "blockwise"
+        impl = {"gpu": "cudnn", "tpu": tpu}.get(backend, "blockwise")
+    if impl not in ("dense", "blockwise", "cudnn", "splash"):
+        raise ValueError(f"unknown attention implementation {impl!r}")
+    return impl
+
+
+def dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *,
+                    scale: float, softcap: float | None = None):
+    """All scores at once: q [B, T, N, H], k/v [B, S, K, H], mask [B, T, S] -> (output
+    [B, T, N, H] before the output projection, probabilities [B, K, G, T, S]), both in v's
+    dtype. The reference the blockwise path is tested against."""
+    b, t, n, h = q.shape
+    kv = k.shape[2]
+    qg = q.reshape(b, t, kv, n // kv, h)  # [B, T, K, G, H]
+    scores = jnp.einsum("BTKGH,BSKH->BKGTS", qg, k, preferred_element_type=jnp.float32) * scale
+    if softcap is not None:
+        scores = softcap * jnp.tanh(scores / softcap)
+    scores = jnp.where(mask[:, None, None, :, :], scores, _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum("BKGTS,BSKH->BTKGH", probs, v).reshape(b, t, n, h), probs
 
 
 class Attention(nnx.Module):
@@ -97,19 +114,26 @@ class Attention(nnx.Module):
             at += part.out_features
         return out
 
-    def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
-               return_probs: bool = False):
-        """q [B, T, N, H], k/v [B, S, K, H], mask [B, T, S] -> output [B, T, D]; with
-        return_probs also the float32 attention probabilities [B, N, T, S]."""
+    def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | MaskSpec,
+               return_probs: bool = False, impl: str = "auto", block: int = DEFAULT_BLOCK):
+        """q [B, T, N, H], k/v [B, S, K, H], mask: boolean [B, T, S] or the spec it is built from
+        -> output [B, T, D]; with return_probs also the float32 attention probabilities
+        [B, N, T, S]. impl/block choose the implementation (`attention_path`) when the mask is
+        a spec; a built mask, or return_probs (the maps need all of T x S anyway), is dense."""
         b, t, n, h = q.shape
-        qg = q.reshape(b, t, self.num_kv_heads, n // self.num_kv_heads, h)  # [B, T, K, G, H]
-        scores = jnp.einsum("BTKGH,BSKH->BKGTS", qg, k,
-                            preferred_element_type=jnp.float32) * self.scale
-        if self.softcap is not None:
-            scores = self.softcap * jnp.tanh(scores / self.softcap)
-        scores = jnp.where(mask[:, None, None, :, :], scores, _MASKED)
-        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        out = self.o(jnp.einsum("BKGTS,BSKH->BTKGH", probs, v).reshape(b, t, n, h))
+        if isinstance(mask, MaskSpec):
+            path = "dense" if return_probs else attention_path(impl, t, k.shape[1], block)
+            if path == "blockwise":
+                return self.o(blockwise_attention(q, k, v, mask, scale=self.scale,
+                                                  softcap=self.softcap, block_q=block,
+                                                  block_k=block))
+            if path in ("cudnn", "splash"):  # the kernel where the mask allows, else blockwise
+                fused = cudnn_attention if path == "cudnn" else splash_attention
+                return self.o(fused(q, k, v, mask, scale=self.scale, softcap=self.softcap,
+                                    block=block))
+            mask = mask.build()
+        out, probs = dense_attention(q, k, v, mask, scale=self.scale, softcap=self.softcap)
+        out = self.o(out)
         if return_probs:
             return out, probs.astype(jnp.float32).reshape(b, n, t, probs.shape[-1])
         return out
@@ -179,7 +203,8 @@ class Attention(nnx.Module):
         return self.o(out.astype(q.dtype).reshape(b, 1, n, h))
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array,
-                 mask: jax.Array, return_probs: bool = False):
+                 mask: jax.Array | MaskSpec, return_probs: bool = False, impl: str = "auto",
+                 block: int = DEFAULT_BLOCK):
         """Self-attention over the sequence itself (training and scoring; no cache)."""
         q, k, v = self.project_qkv(x, cos, sin)
-        return self.attend(q, k, v, mask, return_probs)
+        return self.attend(q, k, v, mask, return_probs, impl, block)

@@ -14,10 +14,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from hone.models.attention import Attention, make_mask
+from hone.models.attention import Attention
+from hone.models.blockwise import DEFAULT_BLOCK
 from hone.models.config import ModelConfig
 from hone.models.layers import Embedder, RMSNorm, rope_inv_freq, rope_tables
 from hone.models.linear import Linear
+from hone.models.masks import MaskSpec
 from hone.models.mlp import GatedMLP
 
 
@@ -72,6 +74,11 @@ class Transformer(nnx.Module):
         # to host memory where the backend has one). Set by the trainer; static, so a change
         # compiles a new step.
         self.remat = "none"
+        # How attention is computed: "auto", "dense", "blockwise", "cudnn" or "splash" (see
+        # hone.models.attention.attention_path), over blocks of `attention_block` queries and
+        # keys. Set by the trainer like remat; static, so a change compiles a new step.
+        self.attention = "auto"
+        self.attention_block = DEFAULT_BLOCK
         self.lm_head = (None if cfg.tie_embeddings else
                         Linear((cfg.hidden_size,), (cfg.vocab_size,), ("embed", "vocab"), dtype,
                                rngs))
@@ -150,9 +157,12 @@ class Transformer(nnx.Module):
             positions = jnp.maximum(jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1, 0)
         index = (positions if branch_ids is not None else
                  jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None, :], (b, t)))
-        masks = {kind: make_mask(index, index, valid, self.window_for(kind),
-                                 segment_ids, segment_ids, branch_ids, branch_ids)
+        # Each layer gets the mask's vectors, not the [B, T, T] mask: the dense path builds it
+        # inside the layer, the blockwise path one block pair at a time.
+        masks = {kind: MaskSpec(index, index, valid, self.window_for(kind),
+                                segment_ids, segment_ids, branch_ids, branch_ids)
                  for kind in set(self.config.layer_types)}
+        impl, block = self.attention, self.attention_block
         ropes = self.rope_for(positions)
         x = self.embedder.encode(tokens)
         captured: dict = {"hidden": {}, "attention": {}}
@@ -160,7 +170,7 @@ class Transformer(nnx.Module):
             captured["hidden"][0] = x
 
         def run(layer, x, cos, sin, mask):
-            return layer(x, lambda h: layer.attn(h, cos, sin, mask))
+            return layer(x, lambda h: layer.attn(h, cos, sin, mask, impl=impl, block=block))
 
         def run_probs(layer, x, cos, sin, mask):
             probs = []

@@ -44,6 +44,7 @@ def build_model(cfg, *, layout=None, log=print):
     if cfg.model.train_layers is not None:
         trainable = nnx.All(trainable, top_blocks(model, cfg.model.train_layers))
     model.remat = cfg.train.remat
+    model.attention = cfg.model.attention
     return model, trainable
 
 

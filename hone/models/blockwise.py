@@ -1,0 +1,272 @@
+"""Blockwise attention for training and prefill: the numbers of dense attention
+(`Attention.attend`) in O(T x block) memory instead of O(T x S).
+
+Queries are cut into blocks of `block_q`, keys into blocks of `block_k`. For each query block a
+loop runs over the key blocks it can see, keeping an online softmax in float32 (running maximum,
+normaliser and weighted sum of the values). The mask of a block pair is built from the spec's
+vectors (`make_mask` on one block of each) and never for the whole row; the scores of a pair are
+[B, K, G, block_q, block_k] and live only inside the loop.
+
+Design choices:
+- Skipping. Which block pairs can hold a visible (query, key) pair is decided from per-block
+  minima and maxima of the indices, segments and branches over valid keys, OR-ed over the batch
+  (`visible_blocks`). Each query block loops only over its visible key blocks (in order, from a
+  compacted list), so causal rows do about half the pairs and a sliding window a band of them.
+  The tests are conservative: a visited pair may still be fully masked, never the reverse.
+- A query that sees no key at all gets what dense gives it: dense fills masked scores with a
+  finite minimum, so such a row's softmax is uniform over ALL S keys and its output is the mean
+  of the values (its gradient: dO / S into every key's dV, nothing into q or k). Such rows are
+  padding (left padding, or a packed row's pad segment) that no loss reads, but matching them
+  keeps the next layer's input, the logits and every gradient equal to dense everywhere.
+- Gradients come from a custom VJP in the style of flash attention: the forward saves only the
+  output and each row's log-sum-exp; the backward recomputes each visited pair's scores and
+  probabilities, dV += P^T dO, dP = dO V^T, dS = P (dP - rowsum(dO * O)), through the soft-cap
+  (d/dx c tanh(x / c) = 1 - (s / c)^2 with s the capped score), then dQ and dK from dS * scale.
+  Nothing of size T x S is stored for the backward pass.
+- Lengths that are not multiples of the blocks are padded inside (padded keys invalid, padded
+  queries copy the last query's vectors so they widen no block's range) and the output cropped.
+- Scores, softmax and the backward pass are float32 whatever the input dtype; as in dense, the
+  probabilities are cast to the values' dtype for the product with the values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from hone.models.masks import MASKED as _MASKED
+from hone.models.masks import MaskSpec, make_mask
+
+# Queries and keys per block. On CPU, a causal 2k-token row of SmolLM2-135M's attention (9
+# heads, 3 KV heads, head dim 64) ran forward + backward about as fast with blocks of 128 as of
+# 256 and twice as slow with 512 (a pair's scores, 9 x 256 x 256 float32, still sit in cache);
+# 256 also keeps the default 256-token rows on the dense path under model.attention=auto.
+DEFAULT_BLOCK = 256
+
+_FAR = 2 ** 30  # an index beyond any real one, for minima and maxima over no tokens
+
+_Q_FIELDS = ("q_index", "q_segment", "q_branch")
+_K_FIELDS = ("k_index", "k_valid", "k_segment", "k_branch")
+
+
+def filled_spec(spec: MaskSpec | None, b: int, t: int, s: int) -> MaskSpec:
+    """The spec with its optional vectors given: q_index/k_index default to slots 0.. (causal
+    over the slots), k_valid to all keys real."""
+    spec = spec if spec is not None else MaskSpec(None, None, None)  # type: ignore[arg-type]
+    arange = lambda n: jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))  # noqa: E731
+    return dataclasses.replace(
+        spec,
+        q_index=arange(t) if spec.q_index is None else spec.q_index,
+        k_index=arange(s) if spec.k_index is None else spec.k_index,
+        k_valid=jnp.ones((b, s), jnp.bool_) if spec.k_valid is None else spec.k_valid)
+
+
+def _pad_spec(spec: MaskSpec, tp: int, sp: int) -> MaskSpec:
+    """Pad the query vectors to tp (copies of the last query) and the key vectors to sp
+    (invalid keys)."""
+    def pad(x, n, **how):
+        if x is None or x.shape[1] == n:
+            return x
+        return jnp.pad(x, ((0, 0), (0, n - x.shape[1])), **how)
+
+    fields = {f: pad(getattr(spec, f), tp, mode="edge") for f in _Q_FIELDS}
+    fields |= {f: pad(getattr(spec, f), sp, mode="edge") for f in _K_FIELDS if f != "k_valid"}
+    fields["k_valid"] = pad(spec.k_valid, sp, constant_values=False)
+    return dataclasses.replace(spec, **fields)
+
+
+def _ranges(x: jax.Array, keep: jax.Array | None, n: int):
+    """Per block minimum and maximum [B, n] of x [B, n * blk] over the kept tokens."""
+    b = x.shape[0]
+    x = x.reshape(b, n, -1)
+    if keep is None:
+        return x.min(-1), x.max(-1)
+    keep = keep.reshape(b, n, -1)
+    return jnp.where(keep, x, _FAR).min(-1), jnp.where(keep, x, -_FAR).max(-1)
+
+
+def visible_blocks(spec: MaskSpec, block_q: int, block_k: int) -> jax.Array:
+    """Boolean [nq, nk]: may some query of block i see some key of block j in some row? spec's
+    lengths must be multiples of the blocks (blockwise_attention pads them first)."""
+    nq, nk = spec.q_index.shape[1] // block_q, spec.k_index.shape[1] // block_k
+    valid = spec.k_valid
+    q_lo, q_hi = _ranges(spec.q_index, None, nq)  # [B, nq]
+    k_lo, k_hi = _ranges(spec.k_index, valid, nk)  # [B, nk]
+    vis = valid.reshape(valid.shape[0], nk, -1).any(-1)[:, None, :]  # [B, 1, nk]
+    vis &= k_lo[:, None, :] <= q_hi[:, :, None]  # [B, nq, nk]: causal
+    if spec.window is not None:
+        vis &= q_lo[:, :, None] - k_hi[:, None, :] < spec.window
+    if spec.q_segment is not None:
+        qs_lo, qs_hi = _ranges(spec.q_segment, None, nq)
+        ks_lo, ks_hi = _ranges(spec.k_segment, valid, nk)
+        vis &= (qs_lo[:, :, None] <= ks_hi[:, None, :]) & (ks_lo[:, None, :] <= qs_hi[:, :, None])
+    if spec.q_branch is not None:
+        qb_lo, qb_hi = _ranges(spec.q_branch, None, nq)
+        kb_lo, kb_hi = _ranges(spec.k_branch, valid, nk)
+        prefix = (valid & (spec.k_branch == 0)).reshape(valid.shape[0], nk, -1).any(-1)
+        vis &= prefix[:, None, :] | ((qb_lo[:, :, None] <= kb_hi[:, None, :])
+                                     & (kb_lo[:, None, :] <= qb_hi[:, :, None]))
+    return vis.any(0)
+
+
+def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, spec: MaskSpec | None, *,
+                        scale: float, softcap: float | None = None,
+                        block_q: int = DEFAULT_BLOCK, block_k: int = DEFAULT_BLOCK) -> jax.Array:
+    """q [B, T, N, H], k/v [B, S, K, H] (N a multiple of K), spec: queries [B, T], keys [B, S]
+    -> [B, T, N, H] in q's dtype: softmax(mask(softcap(scale q k^T))) v per head, before the
+    output projection. T and S may differ (a prefill chunk against cache slots)."""
+    b, t, n, h = q.shape
+    s, kv = k.shape[1], k.shape[2]
+    block_q, block_k = min(block_q, t), min(block_k, s)
+    nq, nk = -(-t // block_q), -(-s // block_k)
+    tp, sp = nq * block_q, nk * block_k
+    spec = _pad_spec(filled_spec(spec, b, t, s), tp, sp)
+    vis = visible_blocks(spec, block_q, block_k)  # [nq, nk]
+    # Each query block's visible key blocks first, in order: the loop runs over count[i] of them.
+    order = jnp.argsort(~vis, axis=1, stable=True).astype(jnp.int32)  # [nq, nk]
+    count = vis.sum(1, dtype=jnp.int32)  # [nq]
+    qb = jnp.pad(q, ((0, 0), (0, tp - t), (0, 0), (0, 0)))
+    qb = qb.reshape(b, nq, block_q, kv, n // kv, h).swapaxes(0, 1)  # [nq, B, bq, K, G, H]
+    pad_k = lambda x: jnp.pad(x, ((0, 0), (0, sp - s), (0, 0), (0, 0))).reshape(  # noqa: E731
+        b, nk, block_k, kv, h).swapaxes(0, 1)  # [nk, B, bk, K, H]
+    vecs = _blocked(spec, nq, nk)
+    out = _attend(qb, pad_k(k), pad_k(v), vecs, order, count,
+                  _Static(spec.window, scale, softcap, s))  # [nq, B, bq, K, G, H]
+    return out.swapaxes(0, 1).reshape(b, tp, n, h)[:, :t]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    window: int | None
+    scale: float
+    softcap: float | None
+    keys: int  # S before padding: a query that sees no key averages the values of these
+
+
+def _blocked(spec: MaskSpec, nq: int, nk: int) -> dict:
+    """The spec's vectors cut into blocks, block-major: queries [nq, B, bq], keys [nk, B, bk]."""
+    def cut(x, nblocks):
+        return None if x is None else x.reshape(x.shape[0], nblocks, -1).swapaxes(0, 1)
+    return ({f: cut(getattr(spec, f), nq) for f in _Q_FIELDS}
+            | {f: cut(getattr(spec, f), nk) for f in _K_FIELDS})
+
+
+def _tile_mask(qv: dict, kv: dict, window: int | None) -> jax.Array:
+    """[B, 1, 1, bq, bk] from one query block's and one key block's vectors."""
+    m = make_mask(qv["q_index"], kv["k_index"], kv["k_valid"], window, qv["q_segment"],
+                  kv["k_segment"], qv["q_branch"], kv["k_branch"])
+    return m[:, None, None]
+
+
+def _key_block(vecs: dict, j: jax.Array) -> dict:
+    return {f: None if vecs[f] is None else jax.lax.dynamic_index_in_dim(vecs[f], j, 0, False)
+            for f in _K_FIELDS}
+
+
+def _scores(qi: jax.Array, kj: jax.Array, st: _Static) -> jax.Array:
+    """qi [B, bq, K, G, H], kj [B, bk, K, H] -> float32 (capped) scores [B, K, G, bq, bk]."""
+    x = jnp.einsum("BTKGH,BSKH->BKGTS", qi, kj, preferred_element_type=jnp.float32) * st.scale
+    if st.softcap is not None:
+        x = st.softcap * jnp.tanh(x / st.softcap)
+    return x
+
+
+def _forward(qb, kb, vb, vecs, order, count, st: _Static):
+    """-> output [nq, B, bq, K, G, H] (q's dtype), log-sum-exp [nq, B, K, G, bq] (0 where a
+    query sees no key) and that emptiness [nq, B, K, G, bq]."""
+    _, b, bq, kv, g, h = qb.shape
+    f32 = jnp.float32
+    # What a query seeing no key gets in dense: the mean of the values over all real keys.
+    mean_v = vb.astype(f32).sum((0, 2)) / st.keys  # [B, K, H]
+
+    def one_query_block(_, xs):
+        qi, qv, order_i, count_i = xs
+
+        def visit(step, carry):
+            top, norm, acc = carry  # [B, K, G, bq], [B, K, G, bq], [B, K, G, bq, H]
+            j = order_i[step]
+            kj = jax.lax.dynamic_index_in_dim(kb, j, 0, False)
+            vj = jax.lax.dynamic_index_in_dim(vb, j, 0, False)
+            keep = _tile_mask(qv, _key_block(vecs, j), st.window)  # [B, 1, 1, bq, bk]
+            x = jnp.where(keep, _scores(qi, kj, st), _MASKED)  # [B, K, G, bq, bk]
+            new_top = jnp.maximum(top, x.max(-1))
+            p = jnp.where(keep, jnp.exp(x - new_top[..., None]), 0.0)
+            fade = jnp.exp(top - new_top)
+            pv = jnp.einsum("BKGTS,BSKH->BKGTH", p.astype(vj.dtype), vj,
+                            preferred_element_type=f32)
+            return new_top, norm * fade + p.sum(-1), acc * fade[..., None] + pv
+
+        init = (jnp.full((b, kv, g, bq), _MASKED, f32), jnp.zeros((b, kv, g, bq), f32),
+                jnp.zeros((b, kv, g, bq, h), f32))
+        top, norm, acc = jax.lax.fori_loop(0, count_i, visit, init)
+        empty = norm == 0.0  # [B, K, G, bq]
+        out = jnp.where(empty[..., None], mean_v[:, :, None, None, :],
+                        acc / jnp.where(empty, 1.0, norm)[..., None])
+        lse = jnp.where(empty, 0.0, top + jnp.log(jnp.where(empty, 1.0, norm)))
+        out = out.transpose(0, 3, 1, 2, 4).astype(qb.dtype)  # [B, bq, K, G, H]
+        return None, (out, lse, empty)
+
+    qvecs = {f: vecs[f] for f in _Q_FIELDS}
+    _, (out, lse, empty) = jax.lax.scan(one_query_block, None, (qb, qvecs, order, count))
+    return out, lse, empty
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _attend(qb, kb, vb, vecs, order, count, st: _Static):
+    return _forward(qb, kb, vb, vecs, order, count, st)[0]
+
+
+def _attend_fwd(qb, kb, vb, vecs, order, count, st: _Static):
+    out, lse, empty = _forward(qb, kb, vb, vecs, order, count, st)
+    return out, (qb, kb, vb, vecs, order, count, out, lse, empty)
+
+
+def _attend_bwd(st: _Static, res, d_out):
+    qb, kb, vb, vecs, order, count, out, lse, empty = res
+    f32 = jnp.float32
+    d_out = d_out.astype(f32)  # [nq, B, bq, K, G, H]
+    delta = jnp.einsum("QBTKGH,QBTKGH->QBKGT", d_out, out.astype(f32))  # rowsum(dO * O)
+
+    def one_query_block(carry, xs):
+        qi, qv, order_i, count_i, do_i, delta_i, lse_i = xs
+        qi = qi.astype(f32)
+
+        def visit(step, inner):
+            dq, dk, dv = inner
+            j = order_i[step]
+            kj = jax.lax.dynamic_index_in_dim(kb, j, 0, False).astype(f32)
+            vj = jax.lax.dynamic_index_in_dim(vb, j, 0, False).astype(f32)
+            keep = _tile_mask(qv, _key_block(vecs, j), st.window)
+            x = _scores(qi, kj, st)  # [B, K, G, bq, bk]
+            p = jnp.where(keep, jnp.exp(x - lse_i[..., None]), 0.0)
+            dv_j = jnp.einsum("BKGTS,BTKGH->BSKH", p, do_i)
+            dp = jnp.einsum("BTKGH,BSKH->BKGTS", do_i, vj)
+            ds = p * (dp - delta_i[..., None])
+            if st.softcap is not None:
+                ds = ds * (1.0 - jnp.square(x / st.softcap))
+            ds = ds * st.scale
+            dq = dq + jnp.einsum("BKGTS,BSKH->BTKGH", ds, kj)
+            dk_j = jnp.einsum("BKGTS,BTKGH->BSKH", ds, qi)
+            add = lambda acc, new: jax.lax.dynamic_update_index_in_dim(  # noqa: E731
+                acc, jax.lax.dynamic_index_in_dim(acc, j, 0, False) + new, j, 0)
+            return dq, add(dk, dk_j), add(dv, dv_j)
+
+        dk, dv = carry
+        dq, dk, dv = jax.lax.fori_loop(0, count_i, visit, (jnp.zeros(qi.shape, f32), dk, dv))
+        return (dk, dv), dq
+
+    qvecs = {f: vecs[f] for f in _Q_FIELDS}
+    zeros = jnp.zeros(kb.shape, f32)
+    (dk, dv), dq = jax.lax.scan(one_query_block, (zeros, zeros),
+                                (qb, qvecs, order, count, d_out, delta, lse))
+    # Queries that saw no key took the mean of the values: dO / S into every real key's dV.
+    lost = jnp.einsum("QBKGT,QBTKGH->BKH", empty.astype(f32), d_out) / st.keys  # [B, K, H]
+    real = (jnp.arange(kb.shape[0] * kb.shape[2]) < st.keys).reshape(kb.shape[0], 1, -1, 1, 1)
+    dv = dv + jnp.where(real, lost[None, :, None], 0.0)
+    return (dq.astype(qb.dtype), dk.astype(kb.dtype), dv.astype(vb.dtype), None, None, None)
+
+
+_attend.defvjp(_attend_fwd, _attend_bwd)

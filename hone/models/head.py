@@ -13,8 +13,10 @@ SmolLM2's V = 49152 that is 1.6 GB of float32 per row for the whole row, 0.2 GB 
 - The head is any callable hidden [B, c, D] -> float32 logits [B, c, V], normally
   `model.logits_from_hidden`: tied or untied, LoRA, NF4/int8 and the final soft-cap all come
   with it, and gradients reach its parameters (JAX sums a closed-over array's gradient over the
-  scan's steps). It must be a pure function of its input: no random draws (LoRA dropout on the
-  LM head; see `over_chunks`).
+  scan's steps). When it is a method of an NNX module with random streams (LoRA dropout on
+  lm_head), the streams travel through the scan as its carry, since a scan body may not change
+  a module it closes over; each chunk then draws its own dropout mask, and the backward pass
+  redraws the same one.
 - A row of at most `chunk` positions, or chunk = 0, runs the function once on the whole row with
   no scan and no checkpoint: exactly today's program. A ragged tail is zero-padded to a whole
   chunk and cropped away; padded positions reach no output, so they get no gradient.

@@ -8,6 +8,7 @@ one jitted program holding both sides, so the file compiles a handful of small g
 """
 
 import dataclasses
+import functools
 
 import jax
 import jax.extend
@@ -42,13 +43,20 @@ def close_trees(actual, expected):
         close(a, e, err_msg=jax.tree_util.keystr(path))
 
 
+# Tiny graphs run in microseconds either way; skipping LLVM's optimisations cuts their compile
+# time. A code-generation setting: the graph and its float semantics are unchanged.
+QUICK = dict(compiler_options={"xla_backend_optimization_level": 0})
+
+
 def make_head(kind: str) -> Transformer:
-    """A one-block model whose head is of `kind`; the block is never run (hidden is random)."""
+    """A one-block model whose head is of `kind` (tied; or untied with a soft-cap, and "lora" or
+    "qlora" adapters on it); the block is never run (hidden is random)."""
     if kind == "tied":
         return Transformer(dataclasses.replace(CFG, tie_embeddings=True), rngs=nnx.Rngs(0))
     model = Transformer(dataclasses.replace(CFG, final_logit_softcap=3.0), rngs=nnx.Rngs(0))
-    if kind == "lora":  # dropout > 0: the head carries a random stream (idle in eval mode)
-        apply_lora(model, rank=4, alpha=8.0, targets="lm_head", dropout=0.1, rngs=nnx.Rngs(1))
+    if kind in ("lora", "qlora"):  # dropout > 0: the head has a random stream (idle in eval)
+        apply_lora(model, rank=4, alpha=8.0, targets="lm_head", dropout=0.1, rngs=nnx.Rngs(1),
+                   quantize="nf4" if kind == "qlora" else "none")
         b = model.lm_head.lora.lora_b
         b[...] = 0.2 * jax.random.normal(jax.random.key(2), b.shape)  # B = 0 would hide A
     return model
@@ -77,7 +85,8 @@ def test_over_chunks_crops_a_ragged_tail_and_one_chunk_is_todays_program():
     hidden, targets, weights, _ = inputs()
     fn = lambda h, y, w: {"a": jnp.sum(h, -1) * w, "b": (y[..., None] + 1) * h}  # noqa: E731
     full = fn(hidden, targets, weights)
-    close_trees(over_chunks(fn, hidden, targets, weights, chunk=CHUNK), full)
+    chunked = jax.jit(lambda *a: over_chunks(fn, *a, chunk=CHUNK), **QUICK)
+    close_trees(chunked(hidden, targets, weights), full)
     for chunk in (0, T, 64):  # one chunk: fn itself, no scan, the same bits
         jaxpr = jax.make_jaxpr(lambda *a: over_chunks(fn, *a, chunk=chunk))(hidden, targets,
                                                                           weights)
@@ -93,7 +102,7 @@ def test_logprobs_entropy_and_grads_match_the_whole_row(kind):
     model = make_head(kind)
     hidden, targets, weights, mask = inputs()
 
-    @jax.jit
+    @functools.partial(jax.jit, **QUICK)
     def both(hidden):
         def ref(m, h):
             logits = m.logits_from_hidden(h)  # [B, T, V]: what the recipes form today
@@ -130,8 +139,8 @@ def test_bf16_hidden_gives_float32_log_probs():
     model = make_head("tied")
     hidden, targets, _, _ = inputs()
     h16 = hidden.astype(jnp.bfloat16)
-    logp = jax.jit(lambda h: token_logprobs_chunked(model.logits_from_hidden, h, targets, CHUNK))(
-        h16)
+    logp = jax.jit(lambda h: token_logprobs_chunked(model.logits_from_hidden, h, targets, CHUNK),
+                   **QUICK)(h16)
     assert logp.dtype == jnp.float32
     close(logp, token_logprobs(model.logits_from_hidden(h16), targets))
 
@@ -145,7 +154,7 @@ def test_lora_dropout_on_the_head_trains_and_advances_its_stream():
     def loss(m, h):
         return jnp.sum(weights * token_logprobs_chunked(m.logits_from_hidden, h, targets, CHUNK))
 
-    g_params, g_hidden = nnx.grad(loss, argnums=(0, 1))(model, hidden)
+    g_params, g_hidden = nnx.jit(nnx.grad(loss, argnums=(0, 1)))(model, hidden)
     assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves((g_params, g_hidden)))
     assert np.any(np.asarray(nnx.state(g_params, LoRAParam)["lm_head"]["lora"]["lora_a"]) != 0)
     after = [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.RngCount))]
@@ -181,14 +190,16 @@ DISTILL = (("forward_kl", 0.5, None), ("reverse_kl", 0.5, None), ("jsd", 0.3, No
 @pytest.mark.parametrize("teacher", ["online", "topk"])
 def test_distillation_matches_the_whole_row(teacher):
     """Loss, metrics and gradients of every divergence at temperature 2: an online teacher
-    (its own head on its own hidden states) or the offline cache's top-k logits."""
-    student, other = make_head("tied"), make_head("lora")
+    (its own head on its own hidden states) or the offline cache's top-k logits. The student's
+    head: tied, or (with the top-k teacher) NF4-quantized with LoRA."""
+    student = make_head("tied" if teacher == "online" else "qlora")
+    other = make_head("lora")
     hidden, targets, _, mask = inputs()
     t_hidden = inputs(seed=1)[0]
     t_logits = other.logits_from_hidden(t_hidden)
     topk = topk_logits(t_logits, 5)
 
-    @jax.jit
+    @functools.partial(jax.jit, **QUICK)
     def all_kinds(hidden):
         out = []
         for kind, beta, alpha in DISTILL:

@@ -224,3 +224,14 @@ def test_distillation_matches_the_whole_row(teacher):
         assert set(got[0][1]) == set(ref[0][1]), kind
         for a, e in ((got[0][0], ref[0][0]), (got[0][1], ref[0][1]), (got[1], ref[1])):
             close_trees(a, e)
+
+
+def test_distillation_needs_exactly_one_teacher():
+    model = make_head("tied")
+    hidden, _, _, mask = inputs()
+    topk = (jnp.zeros((B, T, 3)), jnp.zeros((B, T, 3), jnp.int32))
+    for side in ({}, dict(teacher_hidden=hidden), dict(teacher_head=model.logits_from_hidden),
+                 dict(teacher_head=model.logits_from_hidden, teacher_hidden=hidden,
+                      teacher_topk=topk)):
+        with pytest.raises(ValueError, match="teacher_head with teacher_hidden, or"):
+            distill_loss_chunked(model.logits_from_hidden, hidden, mask, chunk=CHUNK, **side)

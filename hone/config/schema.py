@@ -130,6 +130,11 @@ class TrainSection:
     # Rematerialization of each block in the backward pass (memory for compute).
     remat: str = field(default="none",
                        metadata={"choices": ("none", "full", "save_dots", "offload")})
+    # Positions per chunk of the LM head and its losses (hone.models.head): a longer row is
+    # scored chunk by chunk, its [chunk, vocab] logits recomputed in the backward pass, so no
+    # [length, vocab] logits tensor is formed; rows of at most this many positions run as one
+    # piece, unchanged. 0 = always the whole row.
+    head_chunk: int = field(default=1024, metadata={"min": 0})
     # Evaluate every N steps; 0 = only at the end.
     eval_every: int = field(default=0, metadata={"min": 0})
     # Batches per evaluation.

@@ -98,6 +98,24 @@ def distill_loss(student_logits: jax.Array, teacher_logits: jax.Array | None, ma
     Metrics (sums over real tokens): tokens; distill_sum (the τ²-scaled divergence); ce_sum
     (with alpha); top1_agree_sum (student argmax = teacher argmax).
     """
+    terms = distill_token_terms(student_logits, teacher_logits, mask, temperature=temperature,
+                                kind=kind, beta=beta, alpha=alpha, targets=targets,
+                                teacher_topk=teacher_topk)
+    return distill_from_terms(terms, denominator)
+
+
+def distill_token_terms(student_logits: jax.Array, teacher_logits: jax.Array | None,
+                        mask: jax.Array, *, temperature: float = 2.0, kind: str = "forward_kl",
+                        beta: float = 0.5, alpha: float | None = None,
+                        targets: jax.Array | None = None,
+                        teacher_topk: tuple[jax.Array, jax.Array] | None = None) -> dict:
+    """distill_loss's per-token terms, each [B, T] and 0 on masked tokens: "loss" (what the
+    loss sums), "distill" (τ²·divergence), "ce" (with alpha), "top1_agree" and "tokens" (bool).
+
+    Every position is computed on its own, so a chunked LM head (`hone.models.head`) can call
+    this on chunks of positions and concatenate; `distill_from_terms` then reduces the terms
+    exactly as distill_loss does. Arguments as distill_loss's.
+    """
     fn = "distill_loss"
     _check_choice(fn, "kind", kind, DISTILL_KINDS)
     if (teacher_logits is None) == (teacher_topk is None):
@@ -149,17 +167,28 @@ def distill_loss(student_logits: jax.Array, teacher_logits: jax.Array | None, ma
         div = _jsd(log_t, log_s, beta)
     div = jnp.where(keep, temperature ** 2 * div, 0.0)  # [B, T]
 
-    per_token, sums = div, {"distill_sum": div}
+    agree = keep & (jnp.argmax(s, axis=-1) == teacher_top1)  # [B, T]
+    terms = {"loss": div, "distill": div, "top1_agree": agree, "tokens": keep}
     if alpha is not None:
         tgt = jnp.where(keep, jnp.asarray(targets).astype(jnp.int32), 0)[..., None]  # [B, T, 1]
         ce = jax.nn.logsumexp(s, axis=-1) - jnp.take_along_axis(s, tgt, -1)[..., 0]  # [B, T]
         ce = jnp.where(keep, ce, 0.0)
-        per_token, sums["ce_sum"] = alpha * div + (1.0 - alpha) * ce, ce
+        terms["loss"], terms["ce"] = alpha * div + (1.0 - alpha) * ce, ce
+    return terms
+
+
+def distill_from_terms(terms: dict, denominator: jax.Array | float | None = None
+                       ) -> tuple[jax.Array, dict]:
+    """(loss, metrics) of distill_loss from its per-token terms (`distill_token_terms`, whole
+    rows or chunks of positions concatenated): the masked sum over `denominator` (default: the
+    number of real tokens) and the metrics' sums."""
+    keep = terms["tokens"]  # [B, T]
     if denominator is None:
         denominator = policy_loss_denominator(keep, "token-mean")
-    loss = jnp.sum(per_token) / denominator
-    agree = keep & (jnp.argmax(s, axis=-1) == teacher_top1)
-    return loss, _sums(s.dtype, tokens=keep, top1_agree_sum=agree, **sums)
+    loss = jnp.sum(terms["loss"]) / denominator
+    sums = {("tokens" if k == "tokens" else f"{k}_sum"): v for k, v in terms.items()
+            if k != "loss"}
+    return loss, _sums(terms["distill"].dtype, **sums)
 
 
 def attention_transfer_loss(student_attn: jax.Array, teacher_attn: jax.Array,

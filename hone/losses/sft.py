@@ -16,8 +16,15 @@ def sft_loss(logits: jax.Array, targets: jax.Array, loss_mask: jax.Array,
     passes the token count of the whole accumulated batch as normalizer, so micro-batches of
     different sizes add up to exactly the loss of one large batch.
     """
+    return sft_loss_from_logprobs(token_logprobs(logits, targets), loss_mask, normalizer)
+
+
+def sft_loss_from_logprobs(token_logp: jax.Array, loss_mask: jax.Array,
+                           normalizer: jax.Array | float | None = None) -> tuple[jax.Array, dict]:
+    """sft_loss from the target tokens' log-probabilities token_logp [B, T] (as a chunked LM
+    head returns them, `hone.models.head`): the same loss and metrics."""
     mask = loss_mask.astype(jnp.float32)
-    nll = -token_logprobs(logits, targets) * mask
+    nll = -token_logp * mask
     tokens = jnp.sum(mask)
     denom = jnp.maximum(tokens, 1.0) if normalizer is None else normalizer
     loss = jnp.sum(nll) / denom

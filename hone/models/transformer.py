@@ -19,6 +19,7 @@ from hone.models.config import ModelConfig
 from hone.models.layers import Embedder, RMSNorm, rope_inv_freq, rope_tables
 from hone.models.linear import Linear
 from hone.models.mlp import GatedMLP
+from hone.models.layers import positions_from_mask
 
 
 def remat_policy(name: str):
@@ -147,7 +148,7 @@ class Transformer(nnx.Module):
             raise ValueError("features: branch_ids need explicit positions (each branch "
                              "continues from the end of the shared prefix)")
         if positions is None:
-            positions = jnp.maximum(jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1, 0)
+            positions = positions_from_mask(valid)
         index = (positions if branch_ids is not None else
                  jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None, :], (b, t)))
         masks = {kind: make_mask(index, index, valid, self.window_for(kind),

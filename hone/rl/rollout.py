@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hone.data.shared_prefix import branch_rows
+from hone.models.layers import positions_from_mask
 from hone.sampling.generate import Completion, generate
 
 
@@ -115,7 +116,7 @@ def pack_rows(samples: Samples, prompt_tokens: int, new_tokens: int,
         mask[r, p - len(prompt):p + c] = 1
         loss_mask[r, p - 1:p - 1 + c] = 1.0
         sampler_logp[r, p - 1:p - 1 + c] = out.logprobs
-    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int32)
+    positions = positions_from_mask(mask)
     targets = np.concatenate([tokens[:, 1:], np.full((b, 1), pad_id, np.int32)], axis=1)
     return {"tokens": tokens, "attention_mask": mask, "positions": positions,
             "targets": targets, "loss_mask": loss_mask, "sampler_logp": sampler_logp}

@@ -229,7 +229,10 @@ def decode(graphdef, params, packed, state: State, limit, eos_ids, pad_id, tempe
     return jax.lax.while_loop(cond, body, state)
 
 
-def split_model(model) -> tuple[Any, Any]:
-    """(graphdef, params) with params only: the arrays the engine needs each call."""
-    graphdef, params = nnx.split(model)
-    return graphdef, params
+def split_for_sampling(model) -> tuple[Any, Any]:
+    """(graphdef, state): the model's whole state (parameters, LoRA adapters, quantized weights
+    and every other variable), the arrays `prefill`/`decode` take as jit arguments each call so
+    new weights need no recompile. Not `hone.train.state.split_model`, which splits off the
+    trainable part."""
+    graphdef, state = nnx.split(model)
+    return graphdef, state

@@ -41,7 +41,7 @@ def jobs(impl: str, args) -> list[tuple[str, list[str]]]:
 
 def bullets(vers: dict) -> dict[str, str]:
     return {
-        "hone": "- hone: the jitted step `hone.recipes.common.compile_steps` builds with "
+        "hone": "- hone: the jitted step `hone.train.build.compile_steps` builds with "
                 "`hone.recipes.dpo.make_dpo_loss(cfg, \"copy\")` (what `hone dpo` runs), the "
                 "reference copy passed as the step's aux, on the `smollm2-135m` preset; each "
                 "pair is one row [prompt | chosen | rejected] with the prompt computed once "

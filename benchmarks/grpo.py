@@ -45,7 +45,7 @@ def jobs(impl: str, args) -> list[tuple[str, list[str]]]:
 def bullets(vers: dict, beta: float) -> dict[str, str]:
     return {
         "hone": "- hone: `hone.recipes.grpo`'s pieces as `run_grpo` wires them (`make_rl_step` "
-                "with `make_grpo_loss` and `make_prepare`, `rl_optimizer`, the `smollm2-135m` "
+                "with `make_grpo_loss` and `make_scoring`, `rl_optimizer`, the `smollm2-135m` "
                 f"preset, beta {beta}, reference = `jax.tree.map(jnp.copy, params)` as the "
                 "step's aux); rollout = `hone.rl.rollout.sample` on the current weights (no "
                 "copy, no recompile) + rewards + `grpo_advantages` + `pack_tree_rows` (one "
@@ -58,7 +58,7 @@ def bullets(vers: dict, beta: float) -> dict[str, str]:
                 f"included in update s, not added to it; jax {vers['jax']}, flax "
                 f"{vers['flax']}.",
         "hone-beta0": "- hone-beta0: the same with beta 0: `reference_mode` gives None, so no "
-                      "reference weights are copied and `make_prepare` is None (no reference "
+                      "reference weights are copied and `make_scoring` is None (no reference "
                       "forward in the update program).",
         "tunix": "- tunix: `tunix.rl.grpo.grpo_learner.GRPOLearner.train()` on "
                  "`tunix.models.llama3` Llama3 (actor, reference and vanilla rollout engine on "

@@ -7,7 +7,7 @@ from flax import nnx
 from hone.losses.rl import policy_loss_denominator
 from hone.models.transformer import Transformer
 from hone.recipes import ppo
-from hone.recipes.grpo import make_grpo_loss, make_prepare
+from hone.recipes.grpo import make_grpo_loss, make_scoring
 from hone.rl.critic import build_actor_critic
 from hone.rl.step import make_rl_step
 from hone.train.state import flatten, new_train_state, split_model
@@ -28,12 +28,12 @@ def sgd_update(cfg, arch, batch) -> tuple[dict, dict]:
     state = new_train_state(flatten(params), opt, 0)
     start = jax.device_get(state["params"])
     aux = jax.tree.map(lambda x: x + 0.01, state["params"])
-    g = cfg.grpo
+    grpo = cfg.grpo
     step = make_rl_step(graphdef, params, make_grpo_loss(cfg),
-                        lambda b: policy_loss_denominator(b["loss_mask"], g.loss_agg,
-                                                          max_len=g.max_new_tokens),
+                        lambda b: policy_loss_denominator(b["loss_mask"], grpo.loss_agg,
+                                                          max_len=grpo.max_new_tokens),
                         opt, sched, accum=cfg.train.grad_accum, precision="fp32", epochs=1,
-                        prepare=make_prepare(cfg, graphdef, params, "copy"))
+                        score=make_scoring(cfg, graphdef, params, "copy"))
     state, metrics = step(state, frozen, batch, aux)
     new = jax.device_get(state["params"])
     return {k: new[k] - start[k] for k in new}, jax.device_get(metrics)
@@ -54,11 +54,11 @@ def ppo_sgd_update(cfg, arch, batch) -> tuple[dict, dict]:
     state["kl_coef"] = jnp.float32(cfg.ppo.kl_coef)
     start = jax.device_get(state["params"])
     aux = jax.tree.map(lambda x: x + 0.01, ppo.policy_part(state["params"]))
-    prepare, finish = ppo.make_prepare(cfg, graphdef, params, nnx.Param, "copy")
+    score, finish = ppo.make_scoring(cfg, graphdef, params, "copy")
     step = make_rl_step(graphdef, params, ppo.make_ppo_loss(cfg),
                         lambda b: jnp.maximum(jnp.sum(b["loss_mask"]), 1.0), opt, sched,
                         accum=cfg.train.grad_accum, precision="fp32", epochs=1,
-                        prepare=prepare, finish=finish)
+                        score=score, finish=finish)
     state, metrics = step(state, frozen, batch, aux)
     new = jax.device_get(state["params"])
     return {k: new[k] - start[k] for k in new}, jax.device_get(metrics)

@@ -12,7 +12,7 @@ non-zero.
 Wired as hone/recipes/grpo.py's `run_grpo` wires it: `build_model`, `split_model`,
 `rl_optimizer`, `new_train_state`, the reference aux (a copy of the parameters when
 `reference_mode` is "copy", i.e. beta > 0) and `make_rl_step(..., make_grpo_loss(cfg), ...,
-prepare=make_prepare(...))`: one jitted, state-donating program running the reference forward,
+score=make_scoring(...))`: one jitted, state-donating program running the reference forward,
 the policy forward, the loss, gradients, clipping and AdamW. One iteration: no old-log-prob
 forward (ratio 1).
 
@@ -24,7 +24,7 @@ Timed per step (wall clock): rollout_s = `nnx.merge` of the current weights (no 
 `hone.rl.rollout.sample` (prefill + decode) + rewards + `grpo_advantages` + the packing;
 update_s = `step(state, frozen, rows, aux)` until its metrics are ready, INCLUDING the reference
 forward; the step = rollout + update. ref_s is measured after the steps (and after peak RSS is
-read): `make_prepare`'s reference forward jitted alone over the last rows, first call dropped;
+read): `make_scoring`'s reference forward jitted alone over the last rows, first call dropped;
 it is part of update_s, not extra; 0.0 when beta = 0. The first step (compiles the sampler and
 the update program) is first_s; medians are over the next `repeats` steps.
 """
@@ -78,11 +78,12 @@ def grpo_row(model: str = "smollm2-135m", prompts: int = 2, generations: int = 4
     ref_s), extra their medians (first dropped), beta / ref_in_update and the remat (train.remat)
     the policy was built with."""
     from hone.losses.rl import grpo_advantages, policy_loss_denominator
-    from hone.recipes.grpo import make_grpo_loss, make_prepare, reference_mode, tree_layout
-    from hone.recipes.rl_common import rl_optimizer
-    from hone.recipes.sft import build_model
-    from hone.rl.rollout import pack_rows, pack_tree_rows, sample, step_seed
+    from hone.recipes.grpo import make_grpo_loss, make_scoring
+    from hone.rl.rollout import pack_rows, pack_tree_rows, sample, step_seed, tree_layout
     from hone.rl.step import make_rl_step
+    from hone.train.build import build_model
+    from hone.train.optimizer import rl_optimizer
+    from hone.train.reference import reference_mode
     from hone.train.state import flatten, new_train_state, split_model, unflatten
 
     steps = repeats + 1
@@ -90,7 +91,7 @@ def grpo_row(model: str = "smollm2-135m", prompts: int = 2, generations: int = 4
         f"{prompt_len} + {new_tokens} tokens, beta {beta}, {precision}, remat {remat}")
     cfg = _config(model, prompts, generations, prompt_len, new_tokens, steps, beta, precision,
                   seed, shared_prompt, remat)
-    g = cfg.grpo
+    grpo = cfg.grpo
     tree = tree_layout(cfg)
     assert tree == shared_prompt
     net, trainable = build_model(cfg, log=quiet)
@@ -98,20 +99,21 @@ def grpo_row(model: str = "smollm2-135m", prompts: int = 2, generations: int = 4
     assert_fp32(net)
     arch = net.config
 
-    mode = reference_mode(cfg, g, needed=g.beta > 0)
+    mode = reference_mode(cfg)
     assert mode == ("copy" if beta > 0 else None), mode
     graphdef, params, frozen = split_model(net, trainable)
     built_remat = step_remat(graphdef, params, frozen)  # build_model set it from train.remat
-    optimizer, schedule = rl_optimizer(cfg.train, g.iterations)
+    optimizer, schedule = rl_optimizer(cfg.train, grpo.iterations)
     state = new_train_state(flatten(params), optimizer, cfg.train.seed)
     aux = jax.tree.map(jnp.copy, state["params"]) if mode == "copy" else None
-    prepare = make_prepare(cfg, graphdef, params, mode)
-    assert (prepare is None) == (mode is None)
+    score = make_scoring(cfg, graphdef, params, mode)
+    assert (score is None) == (mode is None)
     step = make_rl_step(
         graphdef, params, make_grpo_loss(cfg),
-        lambda b: policy_loss_denominator(b["loss_mask"], g.loss_agg, max_len=g.max_new_tokens),
+        lambda b: policy_loss_denominator(b["loss_mask"], grpo.loss_agg,
+                                          max_len=grpo.max_new_tokens),
         optimizer, schedule, accum=cfg.train.grad_accum, precision=cfg.train.precision,
-        epochs=g.iterations, prepare=prepare)
+        epochs=grpo.iterations, score=score)
     del net
 
     rng = np.random.default_rng(seed)
@@ -123,13 +125,13 @@ def grpo_row(model: str = "smollm2-135m", prompts: int = 2, generations: int = 4
         t0 = time.perf_counter()
         policy = nnx.merge(graphdef, unflatten(params, state["params"]), frozen)
         samples = sample(policy, None, ids, [""] * prompts, {}, group_size=generations,
-                         max_new_tokens=new_tokens, temperature=g.temperature, top_k=g.top_k,
-                         top_p=g.top_p, seed=step_seed(cfg.train.seed, i),
-                         prompt_bucket=g.max_prompt_tokens)
-        adv, _ = grpo_advantages(jnp.asarray(even_share(samples)), generations, scale=g.scale,
-                                 leave_one_out=g.leave_one_out)
-        rows = (pack_tree_rows if tree else pack_rows)(samples, g.max_prompt_tokens,
-                                                       g.max_new_tokens, PAD_ID)
+                         max_new_tokens=new_tokens, temperature=grpo.temperature,
+                         top_k=grpo.top_k, top_p=grpo.top_p, seed=step_seed(cfg.train.seed, i),
+                         prompt_bucket=grpo.max_prompt_tokens)
+        adv, _ = grpo_advantages(jnp.asarray(even_share(samples)), generations,
+                                 scale=grpo.scale, leave_one_out=grpo.leave_one_out)
+        rows = (pack_tree_rows if tree else pack_rows)(samples, grpo.max_prompt_tokens,
+                                                       grpo.max_new_tokens, PAD_ID)
         adv = np.asarray(adv, np.float32)
         rows["advantages"] = adv.reshape(prompts, generations) if tree else adv
         t1 = time.perf_counter()
@@ -147,8 +149,8 @@ def grpo_row(model: str = "smollm2-135m", prompts: int = 2, generations: int = 4
     peak = peak_rss_mb()  # before the separate reference measurement below
 
     ref_s = []
-    if prepare is not None:  # the update's in-jit reference forward, jitted alone
-        ref_fwd = timed(ref_s, jax.jit(prepare),
+    if score is not None:  # the update's in-jit reference forward, jitted alone
+        ref_fwd = timed(ref_s, jax.jit(score),
                         wait=lambda out: jax.block_until_ready(out[0]["ref_logp"]))
         for _ in range(steps):
             ref_fwd(state, frozen, rows, aux)
@@ -160,9 +162,9 @@ def grpo_row(model: str = "smollm2-135m", prompts: int = 2, generations: int = 4
     return Measured(
         step_s[0], med(step_s), seqs * seq,
         flops.grpo_flops(arch, prompts, generations, prompt_len, new_tokens,
-                         reference=prepare is not None, shared_prompt=tree),
+                         reference=score is not None, shared_prompt=tree),
         losses[0], peak,
         extra={"rollout_s": med(rollout_s), "ref_s": med(ref_s), "update_s": med(update_s),
-               "beta": beta, "ref_in_update": prepare is not None, "remat": built_remat},
+               "beta": beta, "ref_in_update": score is not None, "remat": built_remat},
         series={"step_s": step_s, "rollout_s": rollout_s, "ref_s": ref_s,
                 "update_s": update_s})

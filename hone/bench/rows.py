@@ -171,9 +171,9 @@ def dpo_row(model: str = "smollm2-135m", pairs: int = 4, prompt_len: int = 64,
     train.remat."""
     from hone.config import DPOConfig
     from hone.config.schema import DPOSection, ModelSection, TrainSection
-    from hone.recipes.common import compile_steps
-    from hone.recipes.dpo import make_dpo_loss, pair_count
-    from hone.recipes.sft import build_model
+    from hone.losses.preference import pair_count
+    from hone.recipes.dpo import make_dpo_loss
+    from hone.train.build import build_model, compile_steps
 
     seq = prompt_len + completion_len
     log(f"dpo: building {model}, {pairs} pairs of {prompt_len} + {completion_len} tokens, "

@@ -121,7 +121,7 @@ class TrainIterator:
         self.batch_size = check_batch_size(batch_size)
         self.seed = int(seed)
         self.transform = transform
-        self.num_rows = len(rows["tokens"])
+        self.num_rows = len(next(iter(rows.values())))
         dataset = (grain.MapDataset.source(_Rows(rows)).shuffle(seed=self.seed).repeat(None)
                    .batch(self.batch_size, drop_remainder=True))
         # Read in the calling thread: a batch is a numpy gather (well under a millisecond per
@@ -158,7 +158,7 @@ class _Rows:
 
     def __init__(self, rows: dict[str, np.ndarray]):
         self._rows = rows
-        self._len = len(rows["tokens"])
+        self._len = len(next(iter(rows.values())))
 
     def __len__(self) -> int:
         return self._len

@@ -301,3 +301,16 @@ class PreferenceData:
         for key, value in self.pairs.items():
             padding.setdefault(key, np.zeros((count, *value.shape[1:]), value.dtype))
         return padding
+
+
+def load_pairs(cfg, tokenizer, log, shared_prompt: bool = False):
+    """(training pairs, held-out pairs or None) of a preference config (`data:` and `train:`)."""
+    d = cfg.data
+    kw = dict(max_length=d.max_length, overlong=d.overlong, max_records=d.max_records,
+              batch_size=cfg.train.batch_size, seed=cfg.train.seed, shared_prompt=shared_prompt)
+    train = PreferenceData(d.path, tokenizer, **kw)
+    log(f"data: {train.describe()}")
+    held_out = PreferenceData(d.eval_path, tokenizer, **kw) if d.eval_path else None
+    if held_out is not None:
+        log(f"eval data: {held_out.describe()}")
+    return train, held_out

@@ -113,3 +113,17 @@ def shared_rows(pairs: Sequence, pad_id: int, length: int | None = None,
                       pad_id, length, width)
     out["pair_valid"] = np.ones(len(pairs), np.float32)
     return out
+
+
+def work_tokens(batch: dict) -> int:
+    """The tokens a batch stands for, the same in either layout: each sequence's prompt + answer,
+    as a row of its own holds them. Rows without `branch_ids` count their attention mask; a
+    shared-prefix row [prompt | answer 1 | ... | answer A] counts its prompt once per answer
+    (A = score_index.shape[1], an empty answer too, as its own row would still hold the prompt),
+    so tokens/s and MFU measure the same work with `shared_prompt` on or off."""
+    mask = np.asarray(batch["attention_mask"]) > 0                            # [N, S]
+    if "branch_ids" not in batch:
+        return int(mask.sum())
+    prompt = int((mask & (np.asarray(batch["branch_ids"]) == 0)).sum())     # once per row
+    answers = batch["score_index"].shape[1]
+    return int(mask.sum()) - prompt + answers * prompt

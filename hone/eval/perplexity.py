@@ -48,7 +48,7 @@ def perplexity(model, tokenizer, path: str, *, records: list[dict] | None = None
 
     from hone.data.collate import empty_rows
     from hone.data.loader import SFTData, ordered_batches
-    from hone.recipes.common import summed_eval
+    from hone.train.build import summed_eval
     from hone.recipes.sft import eval_means, sft_step_loss
     from hone.sampling.generate import bucket
     from hone.train.state import flatten, split_model

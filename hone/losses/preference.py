@@ -200,3 +200,9 @@ def reward_loss(chosen: jax.Array, rejected: jax.Array, *, margin: jax.Array | f
     metrics = _mean_metrics(accuracy=(c > r).astype(c.dtype), margin=gap,
                             reward_mean=(c + r) / 2.0)
     return loss, metrics
+
+
+def pair_count(batch) -> jax.Array:
+    """The normalizer of a preference batch: its real pairs (`pair_valid` [B]), at least 1, so
+    a sum of per-pair losses over micro-batches divided by it is the whole batch's mean."""
+    return jnp.maximum(jnp.sum(batch["pair_valid"]), 1.0)

@@ -104,6 +104,16 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> n
     raise ValueError(f"unknown rope scaling kind {scaling.kind!r}")
 
 
+def positions_from_mask(valid):
+    """Positions [B, T] (int32) of the real tokens of a [B, T] mask: 0, 1, ... counting only
+    real tokens, so a left-padded prompt starts at 0 wherever it starts; slots before a row's
+    first real token hold 0 (they attend to nothing). A numpy mask (host-side row packing)
+    gives a numpy array, anything else a jax array: the same numbers either way."""
+    xp = np if isinstance(valid, np.ndarray) else jnp
+    return xp.maximum(xp.cumsum(xp.asarray(valid).astype(xp.int32), axis=1) - 1, 0).astype(
+        xp.int32)
+
+
 def rope_tables(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
     """cos and sin tables [B, T, H] for integer positions [B, T] (float32)."""
     freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None, :]

@@ -21,6 +21,7 @@ from hone.models.layers import Embedder, RMSNorm, rope_inv_freq, rope_tables
 from hone.models.linear import Linear
 from hone.models.masks import MaskSpec
 from hone.models.mlp import GatedMLP
+from hone.models.layers import positions_from_mask
 
 
 def remat_policy(name: str):
@@ -154,7 +155,7 @@ class Transformer(nnx.Module):
             raise ValueError("features: branch_ids need explicit positions (each branch "
                              "continues from the end of the shared prefix)")
         if positions is None:
-            positions = jnp.maximum(jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1, 0)
+            positions = positions_from_mask(valid)
         index = (positions if branch_ids is not None else
                  jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None, :], (b, t)))
         # Each layer gets the mask's vectors, not the [B, T, T] mask: the dense path builds it

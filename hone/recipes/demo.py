@@ -30,7 +30,7 @@ def run_demo(*, steps: int = 30, questions: int = 64, log=print) -> dict:
     from hone.datasets import BUILTIN
     from hone.datasets.arithmetic import is_correct
     from hone.eval.accuracy import task_accuracy
-    from hone.recipes.sft import run_sft
+    from hone.recipes import recipe  # the dispatcher: the demo runs `hone sft`
 
     cfg = load_config(SFTConfig, None, DEMO_OVERRIDES + [f"train.max_steps={steps}"])
     shutil.rmtree(Path(cfg.run_dir), ignore_errors=True)  # a demo always starts from scratch
@@ -47,7 +47,7 @@ def run_demo(*, steps: int = 30, questions: int = 64, log=print) -> dict:
     del model
 
     log(f"[2/3] LoRA fine-tuning for {steps} steps (rank 16, batch 8)...")
-    trained, _ = run_sft(cfg, log=lambda s: log("      " + s))
+    trained, _ = recipe("sft")(cfg, log=lambda s: log("      " + s))
     log("")
     log("[3/3] held-out accuracy after training...")
     after = task_accuracy(trained, tok, held_out, is_correct)

@@ -26,7 +26,7 @@ from hone.distill.student import (build_student, check_mapped, check_vocab, laye
                                   load_teacher)
 from hone.losses import sft_loss
 from hone.models.loading import load_tokenizer
-from hone.recipes.common import compile_steps, make_layout, open_run, summed_eval
+from hone.train.build import compile_steps, make_layout, open_run, summed_eval
 from hone.train.loop import LoopSpec, run_loop
 from hone.train.state import unflatten
 from hone.train.step import make_eval_step

@@ -3,11 +3,12 @@
 Chosen and rejected sequences go through the policy in one forward pass ([2B, T] batches: rows
 0..B-1 chosen, B..2B-1 rejected). The reference log-probabilities come from one of:
 - "copy": a frozen copy of the starting weights, passed to the jitted step as an argument;
-- "adapters_off": the same model with its LoRA adapters zeroed, so the reference costs a second
-  forward pass but no second copy of the weights;
+- "adapters_off": the same model with every LoRA adapter zeroed (the frozen base), so the
+  reference costs a second forward pass but no second copy of the weights;
 - "precomputed": one pass over the training pairs before the first step, cached next to the run
   (run_dir/reference_logps.npz) and carried through shuffling with the pairs.
-SimPO and ORPO need no reference model, and none is built or run.
+SimPO and ORPO need no reference model, and none is built or run. The mode and the reference
+model come from `hone.train.reference`, the one rule DPO, GRPO and PPO share.
 
 Per-pair losses are computed under vmap and summed over real pairs, divided by the number of
 real pairs in the whole batch, so gradient accumulation equals one large batch here too.
@@ -24,26 +25,18 @@ import numpy as np
 from flax import nnx
 
 from hone.config import DPOConfig
+from hone.data.preference import load_pairs
+from hone.data.shared_prefix import work_tokens
 from hone.losses import token_logprobs
-from hone.losses.preference import dpo_loss, orpo_loss, sequence_logprobs, simpo_loss
+from hone.losses.preference import (dpo_loss, orpo_loss, pair_count, sequence_logprobs,
+                                    simpo_loss)
 from hone.models.loading import load_tokenizer
-from hone.recipes.common import (branch_logprobs, compile_steps, load_pairs, make_layout,
-                                 open_run, summed_eval)
-from hone.recipes.sft import build_model
+from hone.train.build import build_model, compile_steps, make_layout, open_run, summed_eval
 from hone.train.loop import LoopSpec, run_loop
+from hone.train.reference import reference_mode, reference_model
+from hone.train.scoring import branch_logprobs
 from hone.train.step import pair_split
-from hone.train.state import flatten, tree_bytes, unflatten
-
-REFERENCE_FREE = ("simpo", "orpo")
-
-
-def reference_mode(cfg: DPOConfig) -> str | None:
-    """The reference model a config asks for (None: the loss needs none)."""
-    if cfg.dpo.loss_type in REFERENCE_FREE:
-        return None
-    if cfg.dpo.reference == "auto":
-        return "adapters_off" if cfg.model.lora.rank > 0 else "copy"
-    return cfg.dpo.reference
+from hone.train.state import tree_bytes, unflatten
 
 
 def _sequence_logps(model, mb):
@@ -66,18 +59,6 @@ def _shared_sequence_logps(model, mb):
     seq, avg, lens = (sequence_logprobs(token_lp, mask),
                       sequence_logprobs(token_lp, mask, average=True), jnp.sum(mask, axis=-1))
     return tuple(jnp.concatenate([x[:, 0], x[:, 1]]) for x in (seq, avg, lens))
-
-
-def reference_model(model, mode: str, aux):
-    """The reference for `mode`, sharing structure (and, for adapters_off, weights) with model."""
-    from hone.models.lora import LoRAParam
-    if mode == "adapters_off":
-        graphdef, lora, rest = nnx.split(model, LoRAParam, ...)
-        return nnx.merge(graphdef, jax.tree.map(jnp.zeros_like, lora), rest)
-    # mode == "copy": aux holds the starting values of the trained weights (every parameter,
-    # or only the adapters when training LoRA); the rest is shared with the policy.
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    return nnx.merge(graphdef, unflatten(params, {**flatten(params), **aux}), rest)
 
 
 def make_dpo_loss(cfg: DPOConfig, mode: str | None):
@@ -120,10 +101,6 @@ def make_dpo_loss(cfg: DPOConfig, mode: str | None):
         return jnp.sum(losses * valid) / normalizer, metrics
 
     return loss_fn
-
-
-def pair_count(batch) -> jax.Array:
-    return jnp.maximum(jnp.sum(batch["pair_valid"]), 1.0)
 
 
 def means(row: dict, prefix: str = "") -> dict:
@@ -211,7 +188,7 @@ def run_dpo(cfg: DPOConfig, *, log=print):
     spec = LoopSpec(
         train_step=step, state=state, frozen=frozen, aux=aux, data=train_data.iterator(),
         eval_fn=eval_fn, place_batch=layout.place_batch,
-        tokens_per_batch=lambda b: int(np.sum(b["attention_mask"])),
+        tokens_per_batch=work_tokens,
         flops_per_token=model.config.flops_per_token(cfg.data.max_length), extra_metrics=means)
     final = run_loop(spec, cfg, run_dir)
     trained = nnx.merge(graphdef, unflatten(params, final["params"]), frozen)

@@ -20,8 +20,7 @@ def load_run_model(run_dir: str | Path):
     from hone.checkpoint import Checkpointer
     from hone.config import COMMANDS, load_config
     from hone.models.loading import load_tokenizer
-    from hone.recipes.reward import build_reward_model
-    from hone.recipes.sft import build_model
+    from hone.train.build import build_model, build_reward_model
     from hone.train.state import split_model, unflatten
 
     run_dir = Path(run_dir)
@@ -40,7 +39,7 @@ def load_run_model(run_dir: str | Path):
     finally:
         ckpt.close()
     if command == "ppo":  # the policy of the actor-critic (the critic stays in the run)
-        from hone.recipes.ppo import build_ppo_model
+        from hone.rl.critic import build_ppo_model
         model, trainable, _ = build_ppo_model(cfg)
     elif command == "distill":  # the student (its feature projections stay in the run)
         from hone.distill.student import build_student, teacher_width

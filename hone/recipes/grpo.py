@@ -9,7 +9,8 @@ Design choices:
 - beta = 0 builds no reference at all: no copy of weights, no reference forward pass.
 - `grpo.reference_devices: N` puts the reference on the last N devices (`RemoteReference`): its
   log-probabilities are computed there between the rollout and the step and arrive with the
-  batch, so the step's `prepare` skips the reference and the policy's devices hold no copy.
+  batch, so the step's in-jit scoring (`make_scoring`) skips the reference and the policy's
+  devices hold no copy.
 - With one iteration the old log-probabilities are the trainer's own, detached (ratio 1, as TRL
   does), so no extra forward pass is spent; with more, they are computed once before the updates.
 - The loss is summed per micro-batch and divided by the whole batch's denominator (tokens,
@@ -27,28 +28,25 @@ import jax.numpy as jnp
 import numpy as np
 
 from hone.config import GRPOConfig
+from hone.data.shared_prefix import work_tokens
 from hone.losses import token_logprobs
 from hone.losses.rl import grpo_advantages, policy_loss, policy_loss_denominator
 from hone.models.loading import load_tokenizer
 from hone.parallel import logical_names
-from hone.recipes.common import branch_logprobs, make_layout, open_run
-from hone.recipes.dpo import reference_model
-from hone.recipes.rl_common import (RemoteReference, Rollouts, load_prompts, make_rewards,
-                                    make_rl_eval, policy_means, reference_split, rl_optimizer)
-from hone.recipes.sft import build_model
+from hone.rl.collect import Rollouts, make_rl_eval
+from hone.rl.policy_metrics import diagnostics, policy_means
+from hone.rl.prompts import load_prompts
+from hone.rl.remote_reference import RemoteReference, reference_split
+from hone.rl.reward_specs import make_rewards
+from hone.rl.rollout import flat_samples, tree_layout
 from hone.rl.step import chunked, make_rl_step
+from hone.train.build import build_model, make_layout, open_run
 from hone.train.loop import LoopSpec, run_loop
+from hone.train.optimizer import rl_optimizer
+from hone.train.reference import reference_mode, reference_model
+from hone.train.scoring import branch_logprobs
 from hone.train.state import flatten, new_train_state, split_model, tree_bytes
 from hone.train.step import merge
-
-
-def reference_mode(cfg, section, needed: bool) -> str | None:
-    """The reference model an RL config asks for (None when the KL term is off)."""
-    if not needed:
-        return None
-    if section.reference == "auto":
-        return "adapters_off" if cfg.model.lora.rank > 0 else "copy"
-    return section.reference
 
 
 def completion_window(cfg) -> tuple[int, int]:
@@ -86,53 +84,35 @@ def tree_logp(model, mb):
     return logits.reshape(groups * g, m, -1), logp.reshape(groups * g, m)
 
 
-def as_rows(mb) -> dict:
-    """A tree batch's per-sample arrays in the rows layout: [groups, G, ...] -> [groups·G, ...]."""
-    return {k: mb[k].reshape((-1,) + mb[k].shape[2:])
-            for k in ("loss_mask", "sampler_logp", "old_logp", "ref_logp", "advantages")
-            if k in mb}
-
-
-def diagnostics(logits, logp, mb, window: tuple[int, int] | None = None) -> dict:
-    """Entropy of the policy and the sampler-versus-trainer gap, as sums over completion tokens
-    (logits of the `window` slots only when given, as `model_logp` returns them)."""
-    mask = mb["loss_mask"]
-    logits = jax.lax.stop_gradient(logits.astype(jnp.float32))
-    lsm = jax.nn.log_softmax(logits, axis=-1)
-    entropy = -jnp.sum(jnp.exp(lsm) * lsm, axis=-1)  # [B, L] or [B, width]
-    entropy_mask = mask if window is None else mask[:, window[0]:window[0] + window[1]]
-    gap = (jax.lax.stop_gradient(logp) - mb["sampler_logp"]) * mask
-    return {"entropy_sum": jnp.sum(entropy * entropy_mask),
-            "sampler_gap_sum": jnp.sum(jnp.abs(gap)), "sampler_gap_sq_sum": jnp.sum(gap * gap)}
-
-
 def make_grpo_loss(cfg: GRPOConfig):
-    g = cfg.grpo
+    grpo = cfg.grpo
     window = completion_window(cfg)
 
     def loss_fn(model, mb, normalizer, key, aux):
         if "branch_ids" in mb:  # tree rows: from here on, everything is [B, M]
-            (logits, logp), mb, win = tree_logp(model, mb), as_rows(mb), None
+            (logits, logp), mb, win = tree_logp(model, mb), flat_samples(mb), None
         else:
             (logits, logp), win = model_logp(model, mb, window), window
         old = mb["old_logp"] if "old_logp" in mb else jax.lax.stop_gradient(logp)
         weights = None
-        if g.tis_cap is not None:
-            weights = jnp.minimum(jnp.exp(old - mb["sampler_logp"]), g.tis_cap)
+        if grpo.tis_cap is not None:
+            weights = jnp.minimum(jnp.exp(old - mb["sampler_logp"]), grpo.tis_cap)
         loss, metrics = policy_loss(
-            logp, old, mb["advantages"], mb["loss_mask"], clip_eps=g.clip_eps,
-            clip_eps_high=g.clip_eps_high, ref_logp=mb.get("ref_logp"), kl_beta=g.beta,
-            kl_kind=g.kl_kind, agg=g.loss_agg, ratio=g.ratio, max_len=g.max_new_tokens,
-            is_weights=weights, denominator=normalizer)
+            logp, old, mb["advantages"], mb["loss_mask"], clip_eps=grpo.clip_eps,
+            clip_eps_high=grpo.clip_eps_high, ref_logp=mb.get("ref_logp"), kl_beta=grpo.beta,
+            kl_kind=grpo.kl_kind, agg=grpo.loss_agg, ratio=grpo.ratio,
+            max_len=grpo.max_new_tokens, is_weights=weights, denominator=normalizer)
         return loss, dict(metrics, **diagnostics(logits, logp, mb, win))
 
     return loss_fn
 
 
-def make_prepare(cfg: GRPOConfig, graphdef, template, mode: str | None):
-    """The in-jit scoring of a rollout: old and reference log-probabilities, as needed."""
-    g = cfg.grpo
-    need_old = g.iterations > 1
+def make_scoring(cfg: GRPOConfig, graphdef, template, mode: str | None):
+    """The in-jit scoring of a rollout, `score_rollout(state, frozen, batch, aux) -> (batch,
+    metrics)` (`make_rl_step`'s `score`): old and reference log-probabilities, as needed; None
+    when the loss needs neither."""
+    grpo = cfg.grpo
+    need_old = grpo.iterations > 1
     if not need_old and mode is None:
         return None
     precision = cfg.train.precision
@@ -143,8 +123,8 @@ def make_prepare(cfg: GRPOConfig, graphdef, template, mode: str | None):
             return branch_logprobs(model, mb)[1]
         return model_logp(model, mb, window)[1]
 
-    def prepare(state, frozen, batch, aux):
-        def score(mb):
+    def score_rollout(state, frozen, batch, aux):
+        def score_chunk(mb):  # one micro-batch of rows
             model = merge(graphdef, template, state["params"], frozen, precision)
             out = {}
             if need_old:
@@ -153,42 +133,32 @@ def make_prepare(cfg: GRPOConfig, graphdef, template, mode: str | None):
                 out["ref_logp"] = logp_of(reference_model(model, mode, aux), mb)
             return jax.lax.stop_gradient(out)
 
-        return dict(batch, **chunked(score, batch, cfg.train.grad_accum)), {}
+        return dict(batch, **chunked(score_chunk, batch, cfg.train.grad_accum)), {}
 
-    return prepare
-
-
-def tree_layout(cfg, shards: int = 1, minibatches: int = 1) -> bool:
-    """Whether the update scores tree rows (one per prompt group): asked for by the RL section's
-    shared_prompt, and possible unless the groups do not split evenly over the `shards` data
-    shards of the mesh, the `minibatches` and their train.grad_accum micro-batches. (A
-    reference on devices of its own scores tree rows too.)"""
-    section = getattr(cfg, cfg.SECTION)
-    groups = cfg.train.batch_size // section.group_size
-    return section.shared_prompt and groups % (shards * minibatches * cfg.train.grad_accum) == 0
+    return score_rollout
 
 
 def run_grpo(cfg: GRPOConfig, *, log=print):
     """Train per cfg; returns (trained model, final train state, evaluate(params) or None)."""
-    g = cfg.grpo
+    grpo = cfg.grpo
     tokenizer = load_tokenizer(cfg.model.source)
-    prompts, held_out = load_prompts(cfg, g, tokenizer, log)
-    rewards = make_rewards(cfg, g, prompts, log)
+    prompts, held_out = load_prompts(cfg, grpo, tokenizer, log)
+    rewards = make_rewards(cfg, grpo, prompts, log)
     ref_devices, policy_devices = reference_split(cfg)
     layout = make_layout(cfg, devices=policy_devices)
     model, trainable = build_model(cfg, layout=layout)
     run_dir = open_run(cfg)
 
-    mode = reference_mode(cfg, g, needed=g.beta > 0)
+    mode = reference_mode(cfg)
     layout.place_model(model)
     graphdef, params, frozen = split_model(model, trainable)
-    optimizer, schedule = rl_optimizer(cfg.train, g.iterations)
+    optimizer, schedule = rl_optimizer(cfg.train, grpo.iterations)
     state = layout.place_train_state(new_train_state(flatten(params), optimizer, cfg.train.seed),
                                      logical_names(params))
     reference = None
     if ref_devices:  # the starting weights move to the reference's devices once
-        reference = RemoteReference(cfg, graphdef, params, frozen, trainable, mode,
-                                    state["params"], ref_devices)
+        reference = RemoteReference(cfg, graphdef, params, frozen, mode, state["params"],
+                                    ref_devices)
         aux = None
         log(f"reference: {mode} {reference.describe()}")
     else:
@@ -197,25 +167,26 @@ def run_grpo(cfg: GRPOConfig, *, log=print):
             "extra weights)")
     step = make_rl_step(
         graphdef, params, make_grpo_loss(cfg),
-        lambda b: policy_loss_denominator(b["loss_mask"], g.loss_agg, max_len=g.max_new_tokens),
+        lambda b: policy_loss_denominator(b["loss_mask"], grpo.loss_agg,
+                                          max_len=grpo.max_new_tokens),
         optimizer, schedule, accum=cfg.train.grad_accum, precision=cfg.train.precision,
-        epochs=g.iterations, layout=layout,
-        prepare=make_prepare(cfg, graphdef, params, None if reference else mode))
+        epochs=grpo.iterations, layout=layout,
+        score=make_scoring(cfg, graphdef, params, None if reference else mode))
 
-    groups = cfg.train.batch_size // g.group_size
+    groups = cfg.train.batch_size // grpo.group_size
     tree = tree_layout(cfg, shards=layout.shards)
     log(f"rollout rows: {'one per prompt, its samples sharing it' if tree else 'one per sample'}")
     data_iter = prompts.iterator(groups, cfg.train.seed)
-    rollouts = Rollouts(cfg, g, graphdef, params, frozen, tokenizer, prompts, data_iter, rewards,
-                        tree=tree)
+    rollouts = Rollouts(cfg, grpo, graphdef, params, frozen, tokenizer, prompts, data_iter,
+                        rewards, tree=tree)
 
-    def prepare(state, prompt_batch, step_index):
+    def prepare(state, prompt_batch, step_index):  # the loop's host-side hook: the rollout
         rows, total, _, metrics = rollouts.collect(state, prompt_batch, step_index,
-                                                   extra_rounds=g.dynamic_sampling_rounds)
-        adv, _ = grpo_advantages(jnp.asarray(total), g.group_size, scale=g.scale,
-                                 leave_one_out=g.leave_one_out)
+                                                   extra_rounds=grpo.dynamic_sampling_rounds)
+        adv, _ = grpo_advantages(jnp.asarray(total), grpo.group_size, scale=grpo.scale,
+                                 leave_one_out=grpo.leave_one_out)
         adv = np.asarray(adv, np.float32)
-        rows["advantages"] = adv.reshape(groups, g.group_size) if tree else adv
+        rows["advantages"] = adv.reshape(groups, grpo.group_size) if tree else adv
         if reference is not None:
             rows["ref_logp"] = reference(rows)
         return rows, metrics
@@ -223,8 +194,9 @@ def run_grpo(cfg: GRPOConfig, *, log=print):
     evaluate = make_rl_eval(rollouts, held_out)
     spec = LoopSpec(
         train_step=step, state=state, frozen=frozen, aux=aux, data=data_iter, eval_fn=evaluate,
-        prepare=prepare, place_batch=layout.place_batch, tokens_per_batch=lambda b: int(np.sum(b["attention_mask"])),
-        flops_per_token=model.config.flops_per_token(g.max_prompt_tokens + g.max_new_tokens),
+        prepare=prepare, place_batch=layout.place_batch, tokens_per_batch=work_tokens,
+        flops_per_token=model.config.flops_per_token(grpo.max_prompt_tokens
+                                                     + grpo.max_new_tokens),
         extra_metrics=policy_means, eval_at_start=True)
     final = run_loop(spec, cfg, run_dir)
     trained = rollouts.policy(final["params"])

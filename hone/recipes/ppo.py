@@ -29,20 +29,25 @@ import numpy as np
 from flax import nnx
 
 from hone.config import PPOConfig
+from hone.data.shared_prefix import work_tokens
 from hone.losses import token_logprobs
 from hone.losses.rl import gae, policy_loss, value_loss, whiten
 from hone.models.loading import load_tokenizer
 from hone.parallel import logical_names
-from hone.recipes.common import branch_logprobs, make_layout, open_run
-from hone.recipes.grpo import diagnostics, reference_mode, tree_layout
-from hone.recipes.rl_common import (RemoteReference, Rollouts, load_prompts, make_rewards,
-                                    make_rl_eval, policy_means, reference_split, rl_optimizer)
-from hone.recipes.sft import build_model
-from hone.rl.critic import ActorCritic, build_actor_critic, policy_reference
+from hone.rl.collect import Rollouts, make_rl_eval
+from hone.rl.critic import ActorCritic, build_ppo_model
+from hone.rl.policy_metrics import diagnostics, policy_means
+from hone.rl.prompts import load_prompts
+from hone.rl.remote_reference import RemoteReference, reference_split
+from hone.rl.reward_specs import make_rewards
+from hone.rl.rollout import flat_samples, tree_layout
 from hone.rl.step import chunked, make_rl_step
+from hone.train.build import make_layout, open_run
 from hone.train.loop import LoopSpec, run_loop
-from hone.train.state import (also_train, flatten, new_train_state, split_model, tree_bytes,
-                              unflatten)
+from hone.train.optimizer import rl_optimizer
+from hone.train.reference import reference_mode, reference_model
+from hone.train.scoring import branch_logprobs
+from hone.train.state import flatten, new_train_state, split_model, tree_bytes, unflatten
 from hone.train.step import merge
 
 _POLICY = "policy/"
@@ -51,17 +56,6 @@ _POLICY = "policy/"
 def policy_part(flat: dict) -> dict:
     """The policy's entries of a flat parameter dict, keyed relative to the policy."""
     return {k[len(_POLICY):]: v for k, v in flat.items() if k.startswith(_POLICY)}
-
-
-# Per-sample arrays of tree rows: [groups, G, ...] in the batch, [groups·G, ...] in the math.
-_PER_SAMPLE = ("loss_mask", "sampler_logp", "old_logp", "ref_logp", "old_values", "returns",
-               "advantages", "scores")
-
-
-def flat_samples(mb: dict) -> dict:
-    """A tree batch with its per-sample arrays as one row per sample ([groups·G, ...])."""
-    return dict(mb, **{k: mb[k].reshape((-1,) + mb[k].shape[2:]) for k in _PER_SAMPLE
-                       if k in mb})
 
 
 def scored(model: ActorCritic, mb) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -83,38 +77,40 @@ def last_token(mask: jax.Array) -> jax.Array:
 
 
 def make_ppo_loss(cfg: PPOConfig):
-    p = cfg.ppo
+    ppo = cfg.ppo
 
     def loss_fn(model: ActorCritic, mb, normalizer, key, aux):
         logits, logp, values = scored(model, mb)
         if "branch_ids" in mb:
             mb = flat_samples(mb)
         mask = mb["loss_mask"]
-        pl, pm = policy_loss(logp, mb["old_logp"], mb["advantages"], mask, clip_eps=p.clip_eps,
-                             agg="token-mean", denominator=normalizer)
-        vl, vm = value_loss(values, mb["old_values"], mb["returns"], mask, clip=p.value_clip,
+        pl, pm = policy_loss(logp, mb["old_logp"], mb["advantages"], mask,
+                             clip_eps=ppo.clip_eps, agg="token-mean", denominator=normalizer)
+        vl, vm = value_loss(values, mb["old_values"], mb["returns"], mask, clip=ppo.value_clip,
                             denominator=normalizer)
         metrics = dict(pm, **diagnostics(logits, logp, mb),
                        value_clipped_sum=vm["value_clipped_sum"],
                        policy_loss=jax.lax.stop_gradient(pl),
                        value_loss=jax.lax.stop_gradient(vl))
-        return pl + p.vf_coef * vl, metrics
+        return pl + ppo.vf_coef * vl, metrics
 
     return loss_fn
 
 
-def make_prepare(cfg: PPOConfig, graphdef, template, policy_trainable, mode: str,
-                 remote: bool = False):
-    """(prepare, finish) of the RL step; `remote`: ref_logp arrives with the batch."""
-    p, precision = cfg.ppo, cfg.train.precision
+def make_scoring(cfg: PPOConfig, graphdef, template, mode: str | None, remote: bool = False):
+    """(score_rollout, finish) of the RL step (`make_rl_step`'s `score` and `finish`): the
+    in-jit scoring of a rollout (old log-probabilities and values, the reference's
+    log-probabilities, KL-shaped rewards, GAE) and the state's updates after the step (adaptive
+    KL coefficient, EMA reference). `remote`: ref_logp arrives with the batch."""
+    ppo, precision = cfg.ppo, cfg.train.precision
 
-    def prepare(state, frozen, batch, aux):
+    def score_rollout(state, frozen, batch, aux):
         ref_params = {"copy": aux, "ema": state.get("ema"), "adapters_off": None,
                       None: None}[mode]
 
         tree = "branch_ids" in batch
 
-        def score(mb):
+        def score_chunk(mb):  # one micro-batch of rows
             model = merge(graphdef, template, state["params"], frozen, precision)
             _, logp, values = scored(model, mb)
             if tree:  # back to the batch's [groups, G, M], so micro-batches concatenate
@@ -125,7 +121,7 @@ def make_prepare(cfg: PPOConfig, graphdef, template, policy_trainable, mode: str
             elif remote:  # computed on the reference's own devices
                 out["ref_logp"] = mb["ref_logp"]
             else:
-                ref = policy_reference(model, policy_trainable, ref_params)
+                ref = reference_model(model.policy, mode, ref_params)
                 if tree:
                     out["ref_logp"] = branch_logprobs(ref, mb)[1]
                 else:
@@ -134,13 +130,13 @@ def make_prepare(cfg: PPOConfig, graphdef, template, policy_trainable, mode: str
                     out["ref_logp"] = token_logprobs(ref_logits, mb["targets"])
             return jax.lax.stop_gradient(out)
 
-        out = chunked(score, batch, cfg.train.grad_accum)
+        out = chunked(score_chunk, batch, cfg.train.grad_accum)
         flat = flat_samples(dict(batch, **out)) if tree else dict(batch, **out)
         mask = flat["loss_mask"]
         kl = (flat["old_logp"] - flat["ref_logp"]) * mask  # [B, L] (tree rows: [B, M])
         rewards = -state["kl_coef"] * kl + last_token(mask) * flat["scores"][:, None]
-        adv, returns = gae(rewards, flat["old_values"], mask, gamma=p.gamma, lam=p.lam)
-        if p.whiten_advantages:
+        adv, returns = gae(rewards, flat["old_values"], mask, gamma=ppo.gamma, lam=ppo.lam)
+        if ppo.whiten_advantages:
             adv = whiten(adv, mask) * mask
         rows = jnp.maximum(jnp.sum(jnp.any(mask > 0, axis=1)), 1)
         tokens = jnp.maximum(jnp.sum(mask), 1)
@@ -153,45 +149,38 @@ def make_prepare(cfg: PPOConfig, graphdef, template, policy_trainable, mode: str
         return dict(batch, **out, advantages=adv, returns=returns), metrics
 
     def finish(state, batch, metrics):
-        if p.kl_target is not None:
-            error = jnp.clip(metrics["kl_seq"] / p.kl_target - 1.0, -0.2, 0.2)
+        if ppo.kl_target is not None:
+            error = jnp.clip(metrics["kl_seq"] / ppo.kl_target - 1.0, -0.2, 0.2)
             n = batch["scores"].size  # completions (tree rows hold G per row)
-            state = dict(state, kl_coef=state["kl_coef"] * (1.0 + error * n / p.kl_horizon))
+            state = dict(state, kl_coef=state["kl_coef"] * (1.0 + error * n / ppo.kl_horizon))
         if mode == "ema":
-            d = p.ema_decay
+            d = ppo.ema_decay
             policy = policy_part(state["params"])
             state = dict(state, ema={k: d * v + (1.0 - d) * policy[k]
                                      for k, v in state["ema"].items()})
         return state
 
-    return prepare, finish
-
-
-def build_ppo_model(cfg: PPOConfig, layout=None):
-    """(ActorCritic, its trainable filter, the policy's own trainable filter)."""
-    policy, policy_trainable = build_model(cfg, layout=layout)
-    model = build_actor_critic(policy, cfg.ppo.critic, cfg.train.seed)
-    return model, also_train(policy_trainable, "value_head"), policy_trainable
+    return score_rollout, finish
 
 
 def run_ppo(cfg: PPOConfig, *, log=print):
     """Train per cfg; returns (trained ActorCritic, final train state, evaluate(params) or None)."""
-    p = cfg.ppo
+    ppo = cfg.ppo
     tokenizer = load_tokenizer(cfg.model.source)
-    prompts, held_out = load_prompts(cfg, p, tokenizer, log)
-    rewards = make_rewards(cfg, p, prompts, log)
+    prompts, held_out = load_prompts(cfg, ppo, tokenizer, log)
+    rewards = make_rewards(cfg, ppo, prompts, log)
     ref_devices, policy_devices = reference_split(cfg)
     layout = make_layout(cfg, devices=policy_devices)
     model, trainable, policy_trainable = build_ppo_model(cfg, layout)
     policy = model.policy
     run_dir = open_run(cfg)
 
-    mode = reference_mode(cfg, p, needed=p.kl_coef > 0 or p.kl_target is not None)
+    mode = reference_mode(cfg)
     layout.place_model(model)
     graphdef, params, frozen = split_model(model, trainable)
-    optimizer, schedule = rl_optimizer(cfg.train, p.epochs * p.minibatches)
+    optimizer, schedule = rl_optimizer(cfg.train, ppo.epochs * ppo.minibatches)
     state = new_train_state(flatten(params), optimizer, cfg.train.seed)
-    state["kl_coef"] = jnp.float32(p.kl_coef)
+    state["kl_coef"] = jnp.float32(ppo.kl_coef)
     start = {k: jnp.copy(v) for k, v in policy_part(state["params"]).items()}
     aux = start if mode == "copy" and not ref_devices else None
     if mode == "ema":
@@ -201,34 +190,34 @@ def run_ppo(cfg: PPOConfig, *, log=print):
     pol_graphdef, pol_params, pol_frozen = split_model(policy, policy_trainable)
     reference = None
     if ref_devices:
-        reference = RemoteReference(cfg, pol_graphdef, pol_params, pol_frozen,
-                                    policy_trainable, mode, start, ref_devices)
+        reference = RemoteReference(cfg, pol_graphdef, pol_params, pol_frozen, mode, start,
+                                    ref_devices)
         where = reference.describe()
     else:
         extra = tree_bytes(start) if mode in ("copy", "ema") else 0
         where = f"({extra / 2**20:.1f} MiB of extra weights)"
     del start  # "copy" on its own devices: no copy stays on the policy's
-    log(f"reference: {mode or 'none (no KL term)'} {where}; critic: {p.critic}")
-    prepare_fn, finish_fn = make_prepare(cfg, graphdef, params, policy_trainable, mode,
-                                         remote=reference is not None)
+    log(f"reference: {mode or 'none (no KL term)'} {where}; critic: {ppo.critic}")
+    score_fn, finish_fn = make_scoring(cfg, graphdef, params, mode,
+                                      remote=reference is not None)
     step = make_rl_step(
         graphdef, params, make_ppo_loss(cfg),
         lambda b: jnp.maximum(jnp.sum(b["loss_mask"]), 1.0), optimizer, schedule,
-        accum=cfg.train.grad_accum, precision=cfg.train.precision, epochs=p.epochs,
-        minibatches=p.minibatches, prepare=prepare_fn, finish=finish_fn, layout=layout)
+        accum=cfg.train.grad_accum, precision=cfg.train.precision, epochs=ppo.epochs,
+        minibatches=ppo.minibatches, score=score_fn, finish=finish_fn, layout=layout)
 
-    groups = cfg.train.batch_size // p.group_size
-    tree = tree_layout(cfg, shards=layout.shards, minibatches=p.minibatches)
+    groups = cfg.train.batch_size // ppo.group_size
+    tree = tree_layout(cfg, shards=layout.shards, minibatches=ppo.minibatches)
     log(f"rollout rows: {'one per prompt, its samples sharing it' if tree else 'one per sample'}")
     data_iter = prompts.iterator(groups, cfg.train.seed)
-    rollouts = Rollouts(cfg, p, pol_graphdef, pol_params, pol_frozen, tokenizer, prompts,
+    rollouts = Rollouts(cfg, ppo, pol_graphdef, pol_params, pol_frozen, tokenizer, prompts,
                         data_iter, rewards, tree=tree)
 
-    def prepare(state, prompt_batch, step_index):
+    def prepare(state, prompt_batch, step_index):  # the loop's host-side hook: the rollout
         rows, total, _, metrics = rollouts.collect({"params": policy_part(state["params"])},
                                                    prompt_batch, step_index)
         scores = np.asarray(total, np.float32)
-        rows["scores"] = scores.reshape(groups, p.group_size) if tree else scores
+        rows["scores"] = scores.reshape(groups, ppo.group_size) if tree else scores
         if reference is not None:
             if mode == "ema":  # the EMA as the last step left it, as the in-step reference reads
                 reference.transfer_params(state["ema"])
@@ -239,8 +228,8 @@ def run_ppo(cfg: PPOConfig, *, log=print):
     spec = LoopSpec(
         train_step=step, state=state, frozen=frozen, aux=aux, data=data_iter,
         eval_fn=None if evaluate is None else (lambda params: evaluate(policy_part(params))),
-        prepare=prepare, place_batch=layout.place_batch, tokens_per_batch=lambda b: int(np.sum(b["attention_mask"])),
-        flops_per_token=model.config.flops_per_token(p.max_prompt_tokens + p.max_new_tokens),
+        prepare=prepare, place_batch=layout.place_batch, tokens_per_batch=work_tokens,
+        flops_per_token=model.config.flops_per_token(ppo.max_prompt_tokens + ppo.max_new_tokens),
         extra_metrics=policy_means, eval_at_start=True)
     final = run_loop(spec, cfg, run_dir)
     trained = nnx.merge(graphdef, unflatten(params, final["params"]), frozen)

@@ -8,31 +8,20 @@ sequence-classification folder, which `hone.models.reward.load_reward_model` rea
 
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from hone.config import RewardConfig
-from hone.losses.preference import reward_loss
+from hone.data.preference import load_pairs
+from hone.data.shared_prefix import work_tokens
+from hone.losses.preference import pair_count, reward_loss
 from hone.models.loading import load_tokenizer
-from hone.models.reward import RewardModel
-from hone.recipes.dpo import pair_count
-from hone.recipes.common import (compile_steps, load_pairs, make_layout, open_run,
-                                 summed_eval)
-from hone.recipes.sft import build_model
+from hone.train.build import (build_reward_model, compile_steps, make_layout, open_run,
+                              summed_eval)
 from hone.train.loop import LoopSpec, run_loop
 from hone.train.step import pair_split
-from hone.train.state import also_train, unflatten
-
-
-def build_reward_model(cfg, layout=None):
-    """(RewardModel, trainable filter): the head always trains; the backbone fully, through
-    its adapters, or its top model.train_layers blocks only."""
-    backbone, trainable = build_model(cfg, layout=layout)
-    model = RewardModel(backbone, rngs=nnx.Rngs(cfg.train.seed))
-    return model, also_train(trainable, "head")
+from hone.train.state import unflatten
 
 
 def make_reward_loss(cfg: RewardConfig):
@@ -83,7 +72,7 @@ def run_reward(cfg: RewardConfig, *, log=print):
     spec = LoopSpec(
         train_step=step, state=state, frozen=frozen, data=train_data.iterator(),
         eval_fn=eval_fn, place_batch=layout.place_batch,
-        tokens_per_batch=lambda b: int(np.sum(b["attention_mask"])),
+        tokens_per_batch=work_tokens,
         flops_per_token=model.config.flops_per_token(cfg.data.max_length), extra_metrics=means)
     final = run_loop(spec, cfg, run_dir)
     return nnx.merge(graphdef, unflatten(params, final["params"]), frozen), final

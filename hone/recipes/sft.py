@@ -12,11 +12,12 @@ import numpy as np
 from flax import nnx
 
 from hone.config import SFTConfig
+from hone.data.shared_prefix import work_tokens
 from hone.losses import sft_loss
-from hone.models.loading import load_model, load_tokenizer
-from hone.recipes.common import compile_steps, make_layout, open_run, summed_eval
+from hone.models.loading import load_tokenizer
+from hone.train.build import build_model, compile_steps, make_layout, open_run, summed_eval
 from hone.train.loop import LoopSpec, run_loop
-from hone.train.state import top_blocks, unflatten
+from hone.train.state import unflatten
 
 
 def sft_step_loss(model, mb, normalizer, key, aux=None):
@@ -28,24 +29,6 @@ def sft_step_loss(model, mb, normalizer, key, aux=None):
 
 def target_tokens(batch) -> jax.Array:
     return jnp.maximum(jnp.sum(batch["loss_mask"]), 1.0)
-
-
-def build_model(cfg, *, layout=None, log=print):
-    """The model to train, with adapters when model.lora.rank > 0; and its trainable filter.
-    With a sharded `layout` the base weights are loaded straight onto their shardings."""
-    from hone.models.lora import LoRAParam, apply_lora
-    model = load_model(cfg.model.source, dtype=cfg.model.dtype, layout=layout)
-    lora = cfg.model.lora
-    trainable = nnx.Param
-    if lora.rank > 0:
-        apply_lora(model, rank=lora.rank, alpha=lora.alpha, targets=lora.targets,
-                   dropout=lora.dropout, quantize=lora.quantize, rngs=nnx.Rngs(cfg.train.seed))
-        trainable = LoRAParam
-    if cfg.model.train_layers is not None:
-        trainable = nnx.All(trainable, top_blocks(model, cfg.model.train_layers))
-    model.remat = cfg.train.remat
-    model.attention = cfg.model.attention
-    return model, trainable
 
 
 def eval_means(total: dict) -> dict:
@@ -80,7 +63,7 @@ def run_sft(cfg: SFTConfig, *, log=print):
     spec = LoopSpec(
         train_step=step, state=state, frozen=frozen, data=train_data.iterator(),
         eval_fn=eval_fn, place_batch=layout.place_batch,
-        tokens_per_batch=lambda b: int(np.sum(b["attention_mask"])),
+        tokens_per_batch=work_tokens,
         flops_per_token=model.config.flops_per_token(d.max_length))
     final = run_loop(spec, cfg, run_dir)
     trained = nnx.merge(graphdef, unflatten(params, final["params"]), frozen)

@@ -10,7 +10,9 @@ Design choices:
 - Separate: a second backbone, initialised as a copy of the policy's (with its own adapters when
   training LoRA), so the value loss cannot pull on the policy's features.
 - The value head is a [D, 1] `Linear` with logical names (embed, score) like the reward head.
-- The policy stays a plain `Transformer` attribute, so the sampler and `hone export` use it as is.
+- The policy stays a plain `Transformer` attribute, so the sampler and `hone export` use it as is,
+  and the reference is built from it by the one rule every command shares
+  (`hone.train.reference.reference_model(model.policy, ...)`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from flax import nnx
 
 from hone.models.linear import Linear
 from hone.models.transformer import Transformer
+from hone.train.build import build_model
+from hone.train.scoring import branch_hidden
+from hone.train.state import also_train
 
 
 class ActorCritic(nnx.Module):
@@ -51,7 +56,6 @@ class ActorCritic(nnx.Module):
         [N, A, K] at the slots that predict each sample's tokens (`score_index`), the prompt
         computed once per row; the value at a slot lines up with the token it predicts, as in
         __call__."""
-        from hone.recipes.common import branch_hidden
         hidden = branch_hidden(self.policy, mb)  # [N, A·K, D]
         logits = self.policy.logits_from_hidden(hidden)
         if self.critic is not None:
@@ -71,13 +75,10 @@ def build_actor_critic(policy: Transformer, critic: str, seed: int) -> ActorCrit
     return ActorCritic(policy, other, rngs=nnx.Rngs(seed))
 
 
-def policy_reference(model: ActorCritic, trainable, ref_params: dict | None):
-    """The reference policy: `model.policy` with its trainable weights replaced by `ref_params`
-    (flat "/"-keyed, relative to the policy), or zeroed (adapters off) when None."""
-    from hone.train.state import unflatten
-    graphdef, params, rest = nnx.split(model.policy, trainable, ...)
-    if ref_params is None:
-        params = jax.tree.map(jnp.zeros_like, params)
-    else:
-        params = unflatten(params, ref_params)
-    return nnx.merge(graphdef, params, rest)
+def build_ppo_model(cfg, layout=None):
+    """(ActorCritic, its trainable filter, the policy's own trainable filter) of a PPO config:
+    the policy as every command builds it (`hone.train.build.build_model`), the value head
+    always trained beside it."""
+    policy, policy_trainable = build_model(cfg, layout=layout)
+    model = build_actor_critic(policy, cfg.ppo.critic, cfg.train.seed)
+    return model, also_train(policy_trainable, "value_head"), policy_trainable

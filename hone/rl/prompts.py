@@ -4,7 +4,7 @@ resumable iterator.
 Design choices:
 - Prompts are tokenized once, up front, like SFT rows: a step only indexes arrays. Each prompt is
   wrapped in the chat template as a user message (`chat=True`), or used as raw text.
-- The iterator yields record indices (Grain shuffle over `{"tokens": ids}` rows, the same
+- The iterator yields record indices (Grain shuffle over `{"index": i}` rows, the same
   `TrainIterator` SFT uses), so its state is one small dict in the checkpoint and a resumed run
   draws exactly the prompts an uninterrupted one would.
 - A prompt longer than `max_prompt_tokens` is dropped (counted) or keeps its last tokens
@@ -79,8 +79,10 @@ class PromptData:
                 f"{self.truncated} truncated), {min(lengths)}-{max(lengths)} tokens")
 
     def iterator(self, batch_size: int, seed: int) -> TrainIterator:
-        """Endless shuffled batches {"tokens": [N, 1] prompt indices}."""
-        rows = {"tokens": np.arange(self.num_prompts, dtype=np.int64)[:, None]}
+        """Endless shuffled batches {"index": [N, 1] prompt indices} (into `ids`, `texts`,
+        `columns`; `select` reads them). The checkpointed state is Grain's position and the
+        sizes, never a key name, so a run saved when the key was "tokens" resumes the same."""
+        rows = {"index": np.arange(self.num_prompts, dtype=np.int64)[:, None]}
         return TrainIterator(rows, batch_size, seed)
 
     def select(self, indices) -> tuple[list[list[int]], list[str], dict[str, list]]:
@@ -88,3 +90,18 @@ class PromptData:
         idx = [int(i) for i in np.asarray(indices).reshape(-1)]
         return ([self.ids[i] for i in idx], [self.texts[i] for i in idx],
                 {k: [v[i] for i in idx] for k, v in self.columns.items()})
+
+
+def load_prompts(cfg, section, tokenizer, log):
+    """(training prompts, held-out prompts or None) of an RL config (`data:` and its `grpo:` or
+    `ppo:` section)."""
+    d = cfg.data
+    kw = dict(max_prompt_tokens=section.max_prompt_tokens, chat=section.chat,
+              overlong=d.overlong)
+    train = PromptData(d.path, tokenizer, max_records=d.max_records, **kw)
+    log(f"data: {train.describe()}")
+    held_out = None
+    if d.eval_path:
+        held_out = PromptData(d.eval_path, tokenizer, max_records=section.eval_prompts, **kw)
+        log(f"eval data: {held_out.describe()}")
+    return train, held_out

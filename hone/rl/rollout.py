@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hone.data.shared_prefix import branch_rows
+from hone.models.layers import positions_from_mask
 from hone.sampling.generate import Completion, generate
 
 
@@ -115,7 +116,7 @@ def pack_rows(samples: Samples, prompt_tokens: int, new_tokens: int,
         mask[r, p - len(prompt):p + c] = 1
         loss_mask[r, p - 1:p - 1 + c] = 1.0
         sampler_logp[r, p - 1:p - 1 + c] = out.logprobs
-    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int32)
+    positions = positions_from_mask(mask)
     targets = np.concatenate([tokens[:, 1:], np.full((b, 1), pad_id, np.int32)], axis=1)
     return {"tokens": tokens, "attention_mask": mask, "positions": positions,
             "targets": targets, "loss_mask": loss_mask, "sampler_logp": sampler_logp}
@@ -139,6 +140,29 @@ def pack_tree_rows(samples: Samples, prompt_tokens: int, new_tokens: int,
     for r, out in enumerate(samples.completions):
         rows["sampler_logp"][r // g, r % g, :len(out.logprobs)] = out.logprobs
     return rows
+
+
+def tree_layout(cfg, shards: int = 1, minibatches: int = 1) -> bool:
+    """Whether the update scores tree rows (one per prompt group): asked for by the RL section's
+    shared_prompt, and possible unless the groups do not split evenly over the `shards` data
+    shards of the mesh, the `minibatches` and their train.grad_accum micro-batches. (A
+    reference on devices of its own scores tree rows too.)"""
+    section = getattr(cfg, cfg.SECTION)
+    groups = cfg.train.batch_size // section.group_size
+    return section.shared_prompt and groups % (shards * minibatches * cfg.train.grad_accum) == 0
+
+
+# The per-sample arrays a tree batch may hold: [groups, G, ...] in the batch (so minibatches
+# draw whole groups), one row per sample in the losses.
+PER_SAMPLE = ("loss_mask", "sampler_logp", "old_logp", "ref_logp", "old_values", "returns",
+              "advantages", "scores")
+
+
+def flat_samples(mb: dict, keys: tuple[str, ...] = PER_SAMPLE) -> dict:
+    """A tree batch with its per-sample arrays among `keys` as one row per sample:
+    [groups, G, ...] -> [groups·G, ...], sample j of group k at row k·G + j (the rows layout's
+    order); every other array as it is."""
+    return dict(mb, **{k: mb[k].reshape((-1,) + mb[k].shape[2:]) for k in keys if k in mb})
 
 
 def tree_width(samples: Samples, new_tokens: int) -> int:

@@ -3,10 +3,11 @@
 `make_rl_step(...)` returns `step(state, frozen, batch, aux) -> (state, metrics)` where `batch`
 is a whole rollout ([B, L] rows plus per-sequence advantages or rewards). Inside one jit:
 
-1. `prepare(state, frozen, batch, aux) -> (batch, metrics)`: forward passes without gradients
+1. `score(state, frozen, batch, aux) -> (batch, metrics)`: forward passes without gradients
    over the rollout (old log-probabilities, the reference's, the critic's values) and whatever the
    algorithm derives from them (PPO's KL-shaped rewards and GAE). Run in chunks of one
-   micro-batch so memory stays that of one micro-batch.
+   micro-batch so memory stays that of one micro-batch. (Not the loop's `LoopSpec.prepare`:
+   that host-side hook runs before the step, outside jit, and collects the rollout.)
 2. `epochs x minibatches` updates: each epoch permutes the rows (a key from the state's RNG and
    step), each minibatch is one `hone.train.step.update_fn` update with its gradient accumulated
    over `accum` micro-batches and normalised by the whole minibatch's denominator, so the split
@@ -43,7 +44,7 @@ def chunked(fn: Callable, batch: dict, chunks: int):
 
 def make_rl_step(graphdef, template, loss_fn, normalizer_fn, optimizer, schedule, *,
                  accum: int, precision: str, epochs: int = 1, minibatches: int = 1,
-                 prepare: Callable | None = None, finish: Callable | None = None,
+                 score: Callable | None = None, finish: Callable | None = None,
                  layout=None):
     update = update_fn(graphdef, template, loss_fn, normalizer_fn, optimizer, schedule,
                        accum=accum, precision=precision, layout=layout)
@@ -51,8 +52,8 @@ def make_rl_step(graphdef, template, loss_fn, normalizer_fn, optimizer, schedule
 
     def step(state, frozen, batch, aux=None):
         pre_metrics = {}
-        if prepare is not None:
-            batch, pre_metrics = prepare(state, frozen, batch, aux)
+        if score is not None:
+            batch, pre_metrics = score(state, frozen, batch, aux)
         rows = batch["tokens"].shape[0]
         size = rows // minibatches
         key = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])

@@ -43,7 +43,7 @@ from flax import nnx
 
 from hone.kernels import packed as packed_kernel
 from hone.models.attention import Attention
-from hone.models.layers import Embedder
+from hone.models.layers import Embedder, positions_from_mask
 from hone.models.linear import Linear
 from hone.models.mlp import GatedMLP
 from hone.sampling.cache import forward_cached, init_cache, rope_table
@@ -71,7 +71,7 @@ def prefill(graphdef, params, tokens, valid, key, temperature, top_p, *, mode: S
     TRACES["prefill"] += 1
     model = nnx.merge(graphdef, params)
     b, p = tokens.shape
-    positions = jnp.maximum(jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1, 0)
+    positions = positions_from_mask(valid)
     cache = init_cache(model, b, total, cache_dtype)
     rope = rope_table(model, total)
     logits, cache = forward_cached(model, cache, tokens, positions, valid, jnp.int32(0),
@@ -229,7 +229,10 @@ def decode(graphdef, params, packed, state: State, limit, eos_ids, pad_id, tempe
     return jax.lax.while_loop(cond, body, state)
 
 
-def split_model(model) -> tuple[Any, Any]:
-    """(graphdef, params) with params only: the arrays the engine needs each call."""
-    graphdef, params = nnx.split(model)
-    return graphdef, params
+def split_for_sampling(model) -> tuple[Any, Any]:
+    """(graphdef, state): the model's whole state (parameters, LoRA adapters, quantized weights
+    and every other variable), the arrays `prefill`/`decode` take as jit arguments each call so
+    new weights need no recompile. Not `hone.train.state.split_model`, which splits off the
+    trainable part."""
+    graphdef, state = nnx.split(model)
+    return graphdef, state

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hone.errors import InputError
-from hone.sampling.engine import decode, pack_weights, prefill, split_model
+from hone.sampling.engine import decode, pack_weights, prefill, split_for_sampling
 from hone.sampling.strategies import SamplingMode
 
 
@@ -112,7 +112,7 @@ def generate(model, tokenizer, prompts, max_new_tokens: int = 64, temperature: f
         tokens[i, p - len(x):] = x
         valid[i, p - len(x):] = True
     mode = SamplingMode(greedy=temperature == 0.0, top_k=top_k, use_top_p=top_p is not None)
-    graphdef, params = split_model(model)
+    graphdef, params = split_for_sampling(model)
     temp = jnp.float32(temperature or 1.0)
     nucleus = jnp.float32(top_p if top_p is not None else 1.0)
     dtype = cache_dtype or model.embedder.embedding[...].dtype

@@ -77,3 +77,10 @@ def build_optimizer(train) -> tuple[optax.GradientTransformation, optax.Schedule
         optax.add_decayed_weights(train.weight_decay),
         scale_by_scaled_learning_rate(schedule)))
     return ScaledLR(*optax.chain(*parts)), schedule
+
+
+def rl_optimizer(train, updates_per_step: int):
+    """The optimizer with its schedule counted in updates (several per RL step)."""
+    from dataclasses import replace
+    return build_optimizer(replace(train, max_steps=train.max_steps * updates_per_step,
+                                   warmup_steps=train.warmup_steps * updates_per_step))

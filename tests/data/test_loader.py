@@ -7,7 +7,7 @@ import pytest
 
 import hone
 from hone.data.collate import KEYS
-from hone.data.loader import SFTData
+from hone.data.loader import SFTData, TrainIterator
 from hone.errors import InputError
 
 TINY = hone.load_tokenizer("tiny")
@@ -80,6 +80,17 @@ def test_state_from_other_data_is_refused():
         small_data(n=11, batch_size=3).iterator().set_state(state)
     with pytest.raises(InputError, match="cannot resume exactly"):
         small_data(n=10, batch_size=2).iterator().set_state(state)
+
+
+def test_state_names_no_key_so_a_renamed_key_resumes():
+    """The RL prompt iterator's rows were {"tokens": indices} and are {"index": indices}: a
+    state saved under the old name resumes the new iterator exactly (it holds no key name)."""
+    old = TrainIterator({"tokens": np.arange(10)[:, None]}, 3, 7)
+    old.next(), old.next()
+    state = old.get_state()
+    new = TrainIterator({"index": np.arange(10)[:, None]}, 3, 7)
+    new.set_state(state)
+    assert new.next()["index"].tolist() == old.next()["tokens"].tolist()
 
 
 def test_eval_batches_cover_rows_once_with_masked_padding():

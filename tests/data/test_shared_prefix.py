@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from hone.config import DPOConfig, load_config
 from hone.data.preference import Pair, PreferenceData, pair_batch, pair_rows
-from hone.data.shared_prefix import shared_rows, shared_sizes
+from hone.data.shared_prefix import shared_rows, shared_sizes, work_tokens
 from hone.models.config import preset
 from hone.models.transformer import Transformer
 from hone.recipes.dpo import _sequence_logps, make_dpo_loss
@@ -42,6 +42,15 @@ def test_layout_by_hand():
     assert out["score_targets"][0, 0, :2].tolist() == [8, 9]
     assert out["score_mask"][0].sum(axis=1).tolist() == [2, 3]
     assert shared_sizes([pair([1] * 9, [2], [3])]) == (16, 8)
+
+
+def test_work_tokens_count_a_shared_row_as_its_two_rows():
+    """tokens/s counts the work a batch stands for: the shared row's prompt once per answer,
+    as the two-row layout holds it. By hand: (3 + 2) + (3 + 3) = 11 of the row's 8 tokens."""
+    pairs = [pair([5, 6, 7], [8, 9], [10, 11, 12]), pair([4], [3, 2, 1], [9])]
+    two_rows = pair_rows(pairs, 8, PAD)
+    assert work_tokens(shared_rows(pairs[:1], PAD)) == 11
+    assert work_tokens(shared_rows(pairs, PAD)) == work_tokens(two_rows) == 11 + 4 + 2
 
 
 @settings(max_examples=200, deadline=None)

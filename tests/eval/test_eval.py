@@ -241,7 +241,7 @@ def _run_folder(run: Path, command: str, model) -> Path:
 
     from hone.checkpoint import Checkpointer
     from hone.config import COMMANDS, load_config
-    from hone.recipes.common import open_run
+    from hone.train.build import open_run
     from hone.train.state import flatten, split_model
     open_run(load_config(COMMANDS[command], str(ROOT / f"configs/tiny/{command}.yaml"),
                          [f"run_dir={run}"]))

@@ -33,7 +33,7 @@ import hone.recipes.grpo as grpo
 import hone.recipes.ppo as ppo
 from hone.config import GRPOConfig, PPOConfig, load_config
 from hone.errors import InputError
-from hone.recipes.rl_common import RemoteReference
+from hone.rl.remote_reference import RemoteReference
 
 made = []
 

@@ -58,7 +58,7 @@ def test_mesh_sizes_resolve_minus_one_and_reject_bad_shapes():
 def test_batches_must_split_over_the_mesh_and_allreduce_needs_replicated_parameters():
     from hone.config import SFTConfig
     from hone.parallel import Layout
-    from hone.recipes.common import check_layout
+    from hone.train.build import check_layout
     with pytest.raises(InputError, match="train.batch_size.*12 rows.*8 data x fsdp"):
         check_layout(SFTConfig(train=SFTConfig().train.__class__(batch_size=12)),
                      Layout(mesh(data=4, fsdp=2)))

@@ -11,9 +11,10 @@ import transformers
 
 from hone.cli import main
 from hone.config import DPOConfig, RewardConfig, load_config
-from hone.recipes.dpo import reference_mode, run_dpo
+from hone.recipes.dpo import run_dpo
 from hone.recipes.export import load_run_model
 from hone.recipes.reward import run_reward
+from hone.train.reference import reference_mode
 
 ROOT = Path(__file__).resolve().parents[2]
 DPO = str(ROOT / "configs/tiny/dpo.yaml")

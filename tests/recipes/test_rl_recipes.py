@@ -17,8 +17,9 @@ from grpo_sgd import sgd_update
 from hone.config import GRPOConfig, PPOConfig, load_config
 from hone.models.config import PRESETS
 from hone.models.transformer import Transformer
-from hone.recipes.grpo import diagnostics, make_prepare, model_logp, run_grpo
+from hone.recipes.grpo import make_scoring, model_logp, run_grpo
 from hone.recipes.ppo import run_ppo
+from hone.rl.policy_metrics import diagnostics
 from hone.train.loop import Interrupted
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,7 +55,7 @@ def test_beta_zero_builds_and_runs_no_reference(tmp_path):
     lines = []
     cfg = config(GRPOConfig, "grpo", tmp_path, "train.max_steps=1", "grpo.beta=0.0",
                  "data.eval_path=null")
-    assert make_prepare(cfg, None, None, None) is None  # no reference forward in the step
+    assert make_scoring(cfg, None, None, None) is None  # no reference forward in the step
     run_grpo(cfg, log=lines.append)
     assert any("reference: none" in l and "0.0 MiB" in l for l in lines)
     assert "kl" not in rows(tmp_path)[0]
@@ -201,7 +202,7 @@ def test_ppo_with_lora_and_a_separate_critic_exports_its_policy(tmp_path):
 def test_rewards_section_wires_a_reward_model_and_checks_columns(tmp_path):
     from hone.errors import InputError
     from hone.models.reward import RewardModel, save_reward_model
-    from hone.recipes.rl_common import make_rewards
+    from hone.rl.reward_specs import make_rewards
     from hone.rl.prompts import PromptData
     tok = hone.load_tokenizer("tiny")
     save_reward_model(RewardModel(hone.load_model("tiny")), tmp_path / "rm", tok)

@@ -11,8 +11,8 @@ from flax import nnx
 from hone.config import RewardConfig, SFTConfig, load_config
 from hone.errors import InputError
 from hone.models.loading import load_model
-from hone.recipes.reward import build_reward_model, run_reward
-from hone.recipes.sft import build_model
+from hone.recipes.reward import run_reward
+from hone.train.build import build_model, build_reward_model
 from hone.train.state import flatten
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,7 +62,7 @@ def test_reward_run_leaves_the_frozen_blocks_unchanged(tmp_path):
 
 def test_ppo_value_head_trains_beside_the_top_block():
     from hone.config import PPOConfig
-    from hone.recipes.ppo import build_ppo_model
+    from hone.rl.critic import build_ppo_model
     cfg = load_config(PPOConfig, str(ROOT / "configs/tiny/ppo.yaml"),
                       ["model.train_layers=1", "model.lora.rank=0"])
     model, trainable, _ = build_ppo_model(cfg)

@@ -9,6 +9,7 @@ import pytest
 from grpo_sgd import ppo_sgd_update, sgd_update
 
 from hone.config import GRPOConfig, PPOConfig, load_config
+from hone.data.shared_prefix import work_tokens
 from hone.models.config import PRESETS
 from hone.rl.rollout import Samples, pack_rows, pack_tree_rows, tree_width
 from hone.sampling.generate import Completion
@@ -40,6 +41,17 @@ def test_layout_by_hand():
     with pytest.raises(ValueError, match="different prompts"):
         pack_tree_rows(Samples([[1], [2]], ["", ""], [Completion(None, [3], [0.0])] * 2, {}, 2),
                        2, 2, PAD)
+
+
+def test_work_tokens_count_a_tree_batch_as_its_rows():
+    """tokens/s counts each sample's prompt + completion in both layouts: by hand,
+    (2 + 3) + (2 + 1) = 8 for the tree row's 6 tokens; and a random rollout alike."""
+    hand = samples([[5, 6]], [[7, 8, 9], [10]], 2)
+    assert work_tokens(pack_tree_rows(hand, 3, 3, PAD)) == 8
+    assert work_tokens(pack_rows(hand, 3, 3, PAD)) == 8
+    rollout = _rollout(0)
+    assert (work_tokens(pack_tree_rows(rollout, 6, 5, PAD))
+            == work_tokens(pack_rows(rollout, 6, 5, PAD)))
 
 
 def _rollout(seed: int, groups: int = 3, g: int = 4, p: int = 6, m: int = 5) -> Samples:

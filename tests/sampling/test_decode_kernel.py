@@ -53,7 +53,7 @@ def _run(model, **kw):
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_kernel_and_xla_products_agree(kind, temperature, monkeypatch):
     model = _model(kind)
-    graphdef, params = engine.split_model(model)
+    graphdef, params = engine.split_for_sampling(model)
     packed = engine.pack_weights(graphdef, params)
     linears = [m for _, m in nnx.iter_modules(model) if type(m).__name__ == "Linear"]
     # q, k and v are one entry per layer, and so are gate and up where neither has LoRA; + the
@@ -70,12 +70,12 @@ def test_kernel_and_xla_products_agree(kind, temperature, monkeypatch):
 
 def test_packed_weights_are_reused_only_for_the_same_arrays():
     model = _model("tied")
-    graphdef, params = engine.split_model(model)
+    graphdef, params = engine.split_for_sampling(model)
     first = engine.pack_weights(graphdef, params)
-    assert engine.pack_weights(*engine.split_model(model)) is first  # same arrays: no repack
+    assert engine.pack_weights(*engine.split_for_sampling(model)) is first  # same arrays: no repack
     traces = engine.TRACES["pack"]
     model.layers[0].mlp.down.kernel[...] = model.layers[0].mlp.down.kernel[...] * 2.0  # update
-    graphdef, params = engine.split_model(model)
+    graphdef, params = engine.split_for_sampling(model)
     second = engine.pack_weights(graphdef, params)
     assert second is not first and engine.TRACES["pack"] == traces  # repacked, not recompiled
     key = "layers/0/mlp/down"

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-import hone.recipes.common as common
+import hone.train.build as build
 from hone.config import SFTConfig, load_config
 from hone.recipes.sft import run_sft
 from hone.train.oom import OutOfMemory
@@ -30,7 +30,7 @@ def oom_error():
 def inject(monkeypatch, *, fits: int, at_step: int = 1, consume: bool = False):
     """Steps jitted for micro-batches above `fits` rows raise an out-of-memory error from
     step `at_step` on (after deleting the donated state's arrays when `consume`)."""
-    real = common.make_train_step
+    real = build.make_train_step
     seen = {"accum": []}
 
     def make_train_step(*args, accum, **kwargs):
@@ -48,7 +48,7 @@ def inject(monkeypatch, *, fits: int, at_step: int = 1, consume: bool = False):
 
         return maybe_fail
 
-    monkeypatch.setattr(common, "make_train_step", make_train_step)
+    monkeypatch.setattr(build, "make_train_step", make_train_step)
     return seen
 
 

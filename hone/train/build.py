@@ -1,5 +1,10 @@
-"""What every training recipe does the same way: open the run folder, read preference pairs,
-build the jitted train and eval steps, and sum evaluation metrics over held-out batches."""
+"""What every training command builds the same way from its config: the model to train (with
+adapters, the top blocks only, a reward head), the device layout its batch must fit, the run
+folder, the jitted train and eval steps, and the held-out evaluation over them.
+
+The recipes (hone/recipes/) wire these pieces per command; they live here, below the recipes,
+so that no recipe imports another.
+"""
 
 from __future__ import annotations
 
@@ -7,38 +12,42 @@ from pathlib import Path
 from typing import Callable
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from hone.config import dump_yaml
 from hone.errors import InputError
+from hone.models.loading import load_model
 from hone.parallel import Layout, logical_names
 from hone.train.oom import AccumStep
 from hone.train.optimizer import build_optimizer
-from hone.train.state import flatten, new_train_state, split_model
+from hone.train.state import also_train, flatten, new_train_state, split_model, top_blocks
 from hone.train.step import make_eval_step, make_train_step, row_split
 
 
-def branch_hidden(model, mb):
-    """Rows of one shared prompt and several answers (`hone.data.shared_prefix`): one forward
-    pass of `model` (a Transformer) over each row; its hidden states [N, A·K, D] at the slots
-    that predict answer tokens (score_index [N, A, K])."""
-    hidden = model.hidden(mb["tokens"], positions=mb["positions"],
-                          attention_mask=mb["attention_mask"], segment_ids=mb["segment_ids"],
-                          branch_ids=mb["branch_ids"])                        # [N, S, D]
-    n, answers, width = mb["score_index"].shape
-    return jnp.take_along_axis(hidden, mb["score_index"].reshape(n, answers * width, 1), axis=1)
+def build_model(cfg, *, layout=None, log=print):
+    """The model to train, with adapters when model.lora.rank > 0; and its trainable filter.
+    With a sharded `layout` the base weights are loaded straight onto their shardings."""
+    from hone.models.lora import LoRAParam, apply_lora
+    model = load_model(cfg.model.source, dtype=cfg.model.dtype, layout=layout)
+    lora = cfg.model.lora
+    trainable = nnx.Param
+    if lora.rank > 0:
+        apply_lora(model, rank=lora.rank, alpha=lora.alpha, targets=lora.targets,
+                   dropout=lora.dropout, quantize=lora.quantize, rngs=nnx.Rngs(cfg.train.seed))
+        trainable = LoRAParam
+    if cfg.model.train_layers is not None:
+        trainable = nnx.All(trainable, top_blocks(model, cfg.model.train_layers))
+    model.remat = cfg.train.remat
+    return model, trainable
 
 
-def branch_logprobs(model, mb):
-    """The LM head on `branch_hidden` only: the logits [N, A·K, V] of the slots that predict
-    answer tokens and the log-probabilities [N, A, K] of the answer tokens (score_targets;
-    0-masked by score_mask where there is none)."""
-    from hone.losses import token_logprobs
-    n, answers, width = mb["score_index"].shape
-    logits = model.logits_from_hidden(branch_hidden(model, mb))
-    targets = mb["score_targets"].reshape(n, answers * width)
-    return logits, token_logprobs(logits, targets).reshape(n, answers, width)
+def build_reward_model(cfg, layout=None):
+    """(RewardModel, trainable filter): the head always trains; the backbone fully, through
+    its adapters, or its top model.train_layers blocks only."""
+    from hone.models.reward import RewardModel
+    backbone, trainable = build_model(cfg, layout=layout)
+    model = RewardModel(backbone, rngs=nnx.Rngs(cfg.train.seed))
+    return model, also_train(trainable, "head")
 
 
 def open_run(cfg) -> Path:
@@ -50,20 +59,6 @@ def open_run(cfg) -> Path:
         ensure_unlocked(run_dir / "checkpoints")  # a run already using run_dir: refuse now
         dump_yaml(cfg, run_dir / "config.yaml")
     return run_dir
-
-
-def load_pairs(cfg, tokenizer, log, shared_prompt: bool = False):
-    """(training pairs, held-out pairs or None) for a preference config."""
-    from hone.data.preference import PreferenceData
-    d = cfg.data
-    kw = dict(max_length=d.max_length, overlong=d.overlong, max_records=d.max_records,
-              batch_size=cfg.train.batch_size, seed=cfg.train.seed, shared_prompt=shared_prompt)
-    train = PreferenceData(d.path, tokenizer, **kw)
-    log(f"data: {train.describe()}")
-    held_out = PreferenceData(d.eval_path, tokenizer, **kw) if d.eval_path else None
-    if held_out is not None:
-        log(f"eval data: {held_out.describe()}")
-    return train, held_out
 
 
 def make_layout(cfg, rows_per_example: int = 1, devices=None) -> Layout:

@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from hone.losses.distill import (attention_transfer_loss, distill_loss, feature_loss,
-                                 topk_logits)
+from hone.losses.distill import attention_transfer_loss, feature_loss, topk_logits
+from hone.models.head import distill_loss_chunked, over_chunks, token_logprobs_chunked
 
 
 def normalizer(batch) -> dict:
@@ -39,22 +39,39 @@ def _inputs(mb):
     return {key: mb[key] for key in INPUT_KEYS[1:]}
 
 
+def _identity(x):
+    return x
+
+
 def teacher_outputs(teacher_def, teacher_state, mb, maps, vocab=None):
-    """(logits or None, top-k or None, final hidden, activations) of the teacher: from
-    `mb["teacher"]` when a teacher on its own devices computed them, else a forward here."""
+    """The teacher's side: (head, head input, top-k or None, final hidden, activations), where
+    head(head input chunk) gives the teacher's logits [B, c, V] over the student's vocabulary
+    (the LM head runs over chunks of positions with the student's, `hone.models.head`). From
+    `mb["teacher"]` when a teacher on its own devices computed them (its logits arrive whole:
+    the head is the identity; or only its top-k: head and input are None), else a forward
+    here."""
     if "teacher" in mb:
         t = mb["teacher"]
         topk = (t["values"], t["indices"]) if "values" in t else None
-        return (t.get("logits"), topk, t["final"],
+        logits = t.get("logits")
+        return (None if logits is None else _identity, logits, topk, t["final"],
                 {"hidden": t["hidden"], "attention": t["attention"]})
-    logits, final, caps = teacher_forward(teacher_def, teacher_state, mb, maps, vocab)
-    return logits, None, final, caps
+    head, final, caps = teacher_head_forward(teacher_def, teacher_state, mb, maps, vocab)
+    return head, final, None, final, caps
 
 
 def teacher_forward(teacher_def, teacher_state, mb, maps, vocab=None):
     """Teacher logits [B, T, V] (float32) and activations, with no gradient. With a vocabulary
     map ([Vs] teacher ids, -1 = none) the teacher reads the mapped ids and its logits come back
     over the student's vocabulary (-inf where the teacher has no counterpart)."""
+    head, final, caps = teacher_head_forward(teacher_def, teacher_state, mb, maps, vocab)
+    return head(final), final, caps
+
+
+def teacher_head_forward(teacher_def, teacher_state, mb, maps, vocab=None):
+    """(head, final hidden [B, T, Dt], activations) of the teacher, with no gradient: head(h)
+    is the teacher's LM head on hidden states h [B, c, Dt] -> float32 logits [B, c, V] (over
+    the student's vocabulary with a vocabulary map, as in teacher_forward)."""
     teacher = nnx.merge(teacher_def, jax.lax.stop_gradient(teacher_state))
     tokens = mb["tokens"]
     if vocab is not None:
@@ -63,10 +80,15 @@ def teacher_forward(teacher_def, teacher_state, mb, maps, vocab=None):
     final, caps = teacher.features(
         tokens, **_inputs(mb), hidden_layers=tuple(t for _, t in maps["hidden"]),
         attention_layers=tuple(t for _, t in maps["attention"]))
-    logits = teacher.logits_from_hidden(final)
-    if vocab is not None:
-        logits = jnp.where(ids >= 0, jnp.take(logits, jnp.maximum(ids, 0), axis=-1), -jnp.inf)
-    return logits, final, caps
+
+    def head(hidden):
+        logits = teacher.logits_from_hidden(hidden)
+        if vocab is not None:
+            logits = jnp.where(ids >= 0, jnp.take(logits, jnp.maximum(ids, 0), axis=-1),
+                               -jnp.inf)
+        return logits
+
+    return head, final, caps
 
 
 def make_distill_loss(cfg, teacher_def, maps: dict, vocab=None):
@@ -79,17 +101,20 @@ def make_distill_loss(cfg, teacher_def, maps: dict, vocab=None):
         final, caps = model.features(
             mb["tokens"], **_inputs(mb), hidden_layers=tuple(s for s, _ in maps["hidden"]),
             attention_layers=tuple(s for s, _ in maps["attention"]))
-        logits = model.logits_from_hidden(final)
+        chunk = model.head_chunk
         if "teacher_values" in mb:  # offline: the cache's top-k
-            t_logits, topk = None, (mb["teacher_values"], mb["teacher_indices"])
+            t_head, t_in, topk = None, None, (mb["teacher_values"], mb["teacher_indices"])
         else:
-            t_logits, topk, t_final, t_caps = teacher_outputs(teacher_def, aux, mb, maps, vocab)
+            t_head, t_in, topk, t_final, t_caps = teacher_outputs(teacher_def, aux, mb, maps,
+                                                                  vocab)
             if d.top_k is not None and topk is None:
-                topk, t_logits = topk_logits(t_logits, d.top_k), None
-        loss, metrics = distill_loss(
-            logits, t_logits, mb["loss_mask"], temperature=d.temperature, kind=d.kind,
+                topk = over_chunks(lambda h: topk_logits(t_head(h), d.top_k), t_in, chunk=chunk)
+                t_head = t_in = None
+        loss, metrics = distill_loss_chunked(
+            model.logits_from_hidden, final, mb["loss_mask"], chunk=chunk, teacher_head=t_head,
+            teacher_hidden=t_in, teacher_topk=topk, temperature=d.temperature, kind=d.kind,
             beta=d.beta, alpha=d.alpha, targets=mb["targets"] if d.alpha is not None else None,
-            teacher_topk=topk, denominator=_norm(normalizer, "targets"))
+            denominator=_norm(normalizer, "targets"))
         metrics["targets"] = metrics.pop("tokens")
         real = mb["attention_mask"]
         if d.attention_weight:
@@ -129,11 +154,12 @@ def make_eval_loss(teacher_def, vocab=None):
     def loss_fn(student, mb, normalizer, key, aux):
         model = student.model
         final = model.hidden(mb["tokens"], **_inputs(mb))
-        logits = model.logits_from_hidden(final)
-        t_logits, _, t_final, _ = teacher_outputs(teacher_def, aux, mb, NO_MAPS, vocab)
-        mask = mb["loss_mask"]
-        _, m = distill_loss(logits, t_logits, mask, temperature=1.0, kind="forward_kl",
-                            alpha=0.0, targets=mb["targets"], denominator=1.0)
+        t_head, t_in, _, t_final, _ = teacher_outputs(teacher_def, aux, mb, NO_MAPS, vocab)
+        mask, chunk = mb["loss_mask"], model.head_chunk
+        _, m = distill_loss_chunked(model.logits_from_hidden, final, mask, chunk=chunk,
+                                    teacher_head=t_head, teacher_hidden=t_in, temperature=1.0,
+                                    kind="forward_kl", alpha=0.0, targets=mb["targets"],
+                                    denominator=1.0)
         out = {"targets": m["tokens"], "kl_sum": m["distill_sum"], "nll_sum": m["ce_sum"],
                "top1_agree_sum": m["top1_agree_sum"]}
         if final.shape[-1] == t_final.shape[-1]:
@@ -141,8 +167,7 @@ def make_eval_loss(teacher_def, vocab=None):
                                 denominator=1.0)
             out["cos_sum"] = f["cos_sum"]
         # The teacher's own NLL: the perplexity the student is chasing.
-        t_logp = jax.nn.log_softmax(t_logits, axis=-1)
-        nll = -jnp.take_along_axis(t_logp, mb["targets"][..., None], -1)[..., 0]
+        nll = -token_logprobs_chunked(t_head, t_in, mb["targets"], chunk)
         out["teacher_nll_sum"] = jnp.sum(jnp.where(mask > 0, nll, 0.0))
         return jnp.float32(0.0), out
 

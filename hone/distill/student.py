@@ -114,6 +114,7 @@ def build_student(cfg, teacher_width: int):
     trainable = also_train(trainable, "projections")  # the feature projections always train
     model.remat = cfg.train.remat
     model.attention = cfg.model.attention
+    model.head_chunk = cfg.train.head_chunk
     d = cfg.distill
     pairs = max(len(d.feature_layers), 1) if d.feature_weight else 0
     student = DistillStudent(model, pairs, teacher_width, cfg.train.seed)

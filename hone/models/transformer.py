@@ -75,6 +75,10 @@ class Transformer(nnx.Module):
         # to host memory where the backend has one). Set by the trainer; static, so a change
         # compiles a new step.
         self.remat = "none"
+        # Positions per chunk of the LM head when a loss scores a row (hone.models.head): rows
+        # longer than this never form their whole [T, V] logits. 0 = the whole row at once.
+        # Set by the trainer from train.head_chunk; static like remat.
+        self.head_chunk = 0
         # How attention is computed: "auto", "dense", "blockwise", "cudnn" or "splash" (see
         # hone.models.attention.attention_path), over blocks of `attention_block` queries and
         # keys. Set by the trainer like remat; static, so a change compiles a new step.

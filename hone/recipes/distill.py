@@ -24,19 +24,19 @@ from hone.distill.evaluate import GreedyAgreement, eval_means, prompts_of
 from hone.distill.loss import make_distill_loss, make_eval_loss, normalizer, train_means
 from hone.distill.student import (build_student, check_mapped, check_vocab, layer_maps,
                                   load_teacher)
-from hone.losses import sft_loss
+from hone.losses.sft import sft_loss_from_logprobs
 from hone.models.loading import load_tokenizer
 from hone.train.build import compile_steps, make_layout, open_run, summed_eval
 from hone.train.loop import LoopSpec, run_loop
+from hone.train.scoring import row_logprobs
 from hone.train.state import unflatten
 from hone.train.step import make_eval_step
 
 
 def sequence_loss(student, mb, normalizer, key, aux):
     """The SFT loss on the teacher-written data (the teacher is not run)."""
-    logits = student.model(mb["tokens"], positions=mb["positions"],
-                           attention_mask=mb["attention_mask"], segment_ids=mb["segment_ids"])
-    loss, metrics = sft_loss(logits, mb["targets"], mb["loss_mask"], normalizer["targets"])
+    loss, metrics = sft_loss_from_logprobs(row_logprobs(student.model, mb)[0], mb["loss_mask"],
+                                           normalizer["targets"])
     metrics["targets"] = metrics.pop("target_tokens")
     return loss, metrics
 

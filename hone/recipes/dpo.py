@@ -27,14 +27,13 @@ from flax import nnx
 from hone.config import DPOConfig
 from hone.data.preference import load_pairs
 from hone.data.shared_prefix import work_tokens
-from hone.losses import token_logprobs
 from hone.losses.preference import (dpo_loss, orpo_loss, pair_count, sequence_logprobs,
                                     simpo_loss)
 from hone.models.loading import load_tokenizer
 from hone.train.build import build_model, compile_steps, make_layout, open_run, summed_eval
 from hone.train.loop import LoopSpec, run_loop
 from hone.train.reference import reference_mode, reference_model
-from hone.train.scoring import branch_logprobs
+from hone.train.scoring import branch_logprobs, row_logprobs
 from hone.train.step import pair_split
 from hone.train.state import tree_bytes, unflatten
 
@@ -44,9 +43,7 @@ def _sequence_logps(model, mb):
     rejected), and lengths; from either batch layout (two rows per pair, or one shared row)."""
     if "branch_ids" in mb:
         return _shared_sequence_logps(model, mb)
-    logits = model(mb["tokens"], positions=mb["positions"], attention_mask=mb["attention_mask"],
-                   segment_ids=mb["segment_ids"])
-    token_lp = token_logprobs(logits, mb["targets"])
+    token_lp = row_logprobs(model, mb)[0]
     mask = mb["loss_mask"]
     return (sequence_logprobs(token_lp, mask), sequence_logprobs(token_lp, mask, average=True),
             jnp.sum(mask, axis=-1))
@@ -54,7 +51,7 @@ def _sequence_logps(model, mb):
 
 def _shared_sequence_logps(model, mb):
     """The same from [prompt | chosen | rejected] rows (`hone.data.shared_prefix`)."""
-    token_lp = branch_logprobs(model, mb)[1]                                 # [B, 2, K]
+    token_lp = branch_logprobs(model, mb)[0]                                 # [B, 2, K]
     mask = mb["score_mask"]
     seq, avg, lens = (sequence_logprobs(token_lp, mask),
                       sequence_logprobs(token_lp, mask, average=True), jnp.sum(mask, axis=-1))

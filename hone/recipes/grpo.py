@@ -29,7 +29,6 @@ import numpy as np
 
 from hone.config import GRPOConfig
 from hone.data.shared_prefix import work_tokens
-from hone.losses import token_logprobs
 from hone.losses.rl import grpo_advantages, policy_loss, policy_loss_denominator
 from hone.models.loading import load_tokenizer
 from hone.parallel import logical_names
@@ -44,7 +43,7 @@ from hone.train.build import build_model, make_layout, open_run
 from hone.train.loop import LoopSpec, run_loop
 from hone.train.optimizer import rl_optimizer
 from hone.train.reference import reference_mode, reference_model
-from hone.train.scoring import branch_logprobs
+from hone.train.scoring import branch_logprobs, head_logprobs
 from hone.train.state import flatten, new_train_state, split_model, tree_bytes
 from hone.train.step import merge
 
@@ -56,32 +55,34 @@ def completion_window(cfg) -> tuple[int, int]:
     return section.max_prompt_tokens - 1, section.max_new_tokens
 
 
-def model_logp(model, mb, window: tuple[int, int] | None = None):
-    """Logits and log-probabilities of the targets [B, L]. With a `window` (start, width) the
-    LM head runs on those slots only: logits are [B, width, V] and logp is 0 outside them (the
-    prompt's slots, which no loss reads), so the prompt's [B, P, V] logits are never formed."""
-    kw = dict(positions=mb["positions"], attention_mask=mb["attention_mask"])
+def model_logp(model, mb, window: tuple[int, int] | None = None, entropy: bool = False):
+    """Log-probabilities of the targets [B, L] and, with `entropy`, the policy's entropy at the
+    scored slots (else None). With a `window` (start, width) the LM head runs on those slots
+    only: the entropy is [B, width] and logp is 0 outside them (the prompt's slots, which no
+    loss reads), so the prompt's [B, P, V] logits are never formed; the head runs over chunks
+    of model.head_chunk positions (`hone.train.scoring.head_logprobs`)."""
+    hidden = model.hidden(mb["tokens"], positions=mb["positions"],
+                          attention_mask=mb["attention_mask"])               # [B, L, D]
     if window is None:
-        logits = model(mb["tokens"], **kw)
-        return logits, token_logprobs(logits, mb["targets"])
+        return head_logprobs(model, hidden, mb["targets"], entropy)
     start, width = window
     rows, length = mb["tokens"].shape
     if length != start + 1 + width:
         raise ValueError(f"model_logp: rows of {length} tokens are not rollout rows of "
                          f"{start + 1} prompt + {width} completion slots")
-    hidden = model.hidden(mb["tokens"], **kw)[:, start:start + width]
-    logits = model.logits_from_hidden(hidden)
-    logp = token_logprobs(logits, mb["targets"][:, start:start + width])
-    return logits, jnp.pad(logp, ((0, 0), (start, length - start - width)))
+    logp, ent = head_logprobs(model, hidden[:, start:start + width],
+                              mb["targets"][:, start:start + width], entropy)
+    return jnp.pad(logp, ((0, 0), (start, length - start - width))), ent
 
 
-def tree_logp(model, mb):
-    """From tree rows (`hone.rl.rollout.pack_tree_rows`): logits [B, M, V] and log-probs [B, M]
-    of every sample's tokens, B = groups x G in the rows layout's order (sample j of group k is
-    row k·G + j); the prompt is computed once per group (`branch_logprobs`)."""
-    logits, logp = branch_logprobs(model, mb)
+def tree_logp(model, mb, entropy: bool = False):
+    """From tree rows (`hone.rl.rollout.pack_tree_rows`): log-probs [B, M] of every sample's
+    tokens and, with `entropy`, the entropy [B, M] at their slots (else None); B = groups x G
+    in the rows layout's order (sample j of group k is row k·G + j); the prompt is computed
+    once per group (`branch_logprobs`)."""
+    logp, ent = branch_logprobs(model, mb, entropy)
     groups, g, m = logp.shape
-    return logits.reshape(groups * g, m, -1), logp.reshape(groups * g, m)
+    return logp.reshape(groups * g, m), None if ent is None else ent.reshape(groups * g, m)
 
 
 def make_grpo_loss(cfg: GRPOConfig):
@@ -90,9 +91,9 @@ def make_grpo_loss(cfg: GRPOConfig):
 
     def loss_fn(model, mb, normalizer, key, aux):
         if "branch_ids" in mb:  # tree rows: from here on, everything is [B, M]
-            (logits, logp), mb, win = tree_logp(model, mb), flat_samples(mb), None
+            (logp, entropy), mb, win = tree_logp(model, mb, True), flat_samples(mb), None
         else:
-            (logits, logp), win = model_logp(model, mb, window), window
+            (logp, entropy), win = model_logp(model, mb, window, True), window
         old = mb["old_logp"] if "old_logp" in mb else jax.lax.stop_gradient(logp)
         weights = None
         if grpo.tis_cap is not None:
@@ -102,7 +103,7 @@ def make_grpo_loss(cfg: GRPOConfig):
             clip_eps_high=grpo.clip_eps_high, ref_logp=mb.get("ref_logp"), kl_beta=grpo.beta,
             kl_kind=grpo.kl_kind, agg=grpo.loss_agg, ratio=grpo.ratio,
             max_len=grpo.max_new_tokens, is_weights=weights, denominator=normalizer)
-        return loss, dict(metrics, **diagnostics(logits, logp, mb, win))
+        return loss, dict(metrics, **diagnostics(entropy, logp, mb, win))
 
     return loss_fn
 
@@ -120,8 +121,8 @@ def make_scoring(cfg: GRPOConfig, graphdef, template, mode: str | None):
 
     def logp_of(model, mb):  # [B, L] rows, or [groups, G, M] for tree rows
         if "branch_ids" in mb:
-            return branch_logprobs(model, mb)[1]
-        return model_logp(model, mb, window)[1]
+            return branch_logprobs(model, mb)[0]
+        return model_logp(model, mb, window)[0]
 
     def score_rollout(state, frozen, batch, aux):
         def score_chunk(mb):  # one micro-batch of rows

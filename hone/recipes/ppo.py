@@ -30,7 +30,6 @@ from flax import nnx
 
 from hone.config import PPOConfig
 from hone.data.shared_prefix import work_tokens
-from hone.losses import token_logprobs
 from hone.losses.rl import gae, policy_loss, value_loss, whiten
 from hone.models.loading import load_tokenizer
 from hone.parallel import logical_names
@@ -46,7 +45,7 @@ from hone.train.build import make_layout, open_run
 from hone.train.loop import LoopSpec, run_loop
 from hone.train.optimizer import rl_optimizer
 from hone.train.reference import reference_mode, reference_model
-from hone.train.scoring import branch_logprobs
+from hone.train.scoring import branch_logprobs, head_logprobs, row_logprobs
 from hone.train.state import flatten, new_train_state, split_model, tree_bytes, unflatten
 from hone.train.step import merge
 
@@ -58,16 +57,20 @@ def policy_part(flat: dict) -> dict:
     return {k[len(_POLICY):]: v for k, v in flat.items() if k.startswith(_POLICY)}
 
 
-def scored(model: ActorCritic, mb) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """(logits, log-probs of the targets, values) of a batch: [B, L(, V)] for rows, and for
-    tree rows [groups·G, M(, V)] at the samples' slots only."""
+def scored(model: ActorCritic, mb, entropy: bool = False):
+    """(log-probs of the targets, values, and with `entropy` the policy's entropy, else None) of
+    a batch: [B, L] for rows, and for tree rows [groups·G, M] at the samples' slots only. The
+    LM head runs over chunks of positions (`hone.train.scoring.head_logprobs`)."""
     if "branch_ids" not in mb:
-        logits, values = model(mb["tokens"], mb["positions"], mb["attention_mask"])
-        return logits, token_logprobs(logits, mb["targets"]), values
-    logits, values = model.branch_slots(mb)
+        hidden, values = model.hidden_values(mb["tokens"], mb["positions"], mb["attention_mask"])
+        logp, ent = head_logprobs(model.policy, hidden, mb["targets"], entropy)
+        return logp, values, ent
+    hidden, values = model.branch_slots(mb)
     n, g, m = mb["score_index"].shape
-    logp = token_logprobs(logits, mb["score_targets"].reshape(n, g * m))
-    return logits.reshape(n * g, m, -1), logp.reshape(n * g, m), values.reshape(n * g, m)
+    logp, ent = head_logprobs(model.policy, hidden, mb["score_targets"].reshape(n, g * m),
+                              entropy)
+    flat = lambda x: None if x is None else x.reshape(n * g, m)  # noqa: E731
+    return flat(logp), flat(values), flat(ent)
 
 
 def last_token(mask: jax.Array) -> jax.Array:
@@ -80,7 +83,7 @@ def make_ppo_loss(cfg: PPOConfig):
     ppo = cfg.ppo
 
     def loss_fn(model: ActorCritic, mb, normalizer, key, aux):
-        logits, logp, values = scored(model, mb)
+        logp, values, entropy = scored(model, mb, entropy=True)
         if "branch_ids" in mb:
             mb = flat_samples(mb)
         mask = mb["loss_mask"]
@@ -88,7 +91,7 @@ def make_ppo_loss(cfg: PPOConfig):
                              clip_eps=ppo.clip_eps, agg="token-mean", denominator=normalizer)
         vl, vm = value_loss(values, mb["old_values"], mb["returns"], mask, clip=ppo.value_clip,
                             denominator=normalizer)
-        metrics = dict(pm, **diagnostics(logits, logp, mb),
+        metrics = dict(pm, **diagnostics(entropy, logp, mb),
                        value_clipped_sum=vm["value_clipped_sum"],
                        policy_loss=jax.lax.stop_gradient(pl),
                        value_loss=jax.lax.stop_gradient(vl))
@@ -112,7 +115,7 @@ def make_scoring(cfg: PPOConfig, graphdef, template, mode: str | None, remote: b
 
         def score_chunk(mb):  # one micro-batch of rows
             model = merge(graphdef, template, state["params"], frozen, precision)
-            _, logp, values = scored(model, mb)
+            logp, values, _ = scored(model, mb)
             if tree:  # back to the batch's [groups, G, M], so micro-batches concatenate
                 logp, values = (x.reshape(mb["score_index"].shape) for x in (logp, values))
             out = {"old_logp": logp, "old_values": values}
@@ -123,11 +126,9 @@ def make_scoring(cfg: PPOConfig, graphdef, template, mode: str | None, remote: b
             else:
                 ref = reference_model(model.policy, mode, ref_params)
                 if tree:
-                    out["ref_logp"] = branch_logprobs(ref, mb)[1]
+                    out["ref_logp"] = branch_logprobs(ref, mb)[0]
                 else:
-                    ref_logits = ref(mb["tokens"], positions=mb["positions"],
-                                     attention_mask=mb["attention_mask"])
-                    out["ref_logp"] = token_logprobs(ref_logits, mb["targets"])
+                    out["ref_logp"] = row_logprobs(ref, mb)[0]
             return jax.lax.stop_gradient(out)
 
         out = chunked(score_chunk, batch, cfg.train.grad_accum)

@@ -13,18 +13,18 @@ from flax import nnx
 
 from hone.config import SFTConfig
 from hone.data.shared_prefix import work_tokens
-from hone.losses import sft_loss
+from hone.losses.sft import sft_loss_from_logprobs
 from hone.models.loading import load_tokenizer
 from hone.train.build import build_model, compile_steps, make_layout, open_run, summed_eval
 from hone.train.loop import LoopSpec, run_loop
+from hone.train.scoring import row_logprobs
 from hone.train.state import unflatten
 
 
 def sft_step_loss(model, mb, normalizer, key, aux=None):
-    """Masked next-token NLL of one micro-batch (packed rows attend within their documents)."""
-    logits = model(mb["tokens"], positions=mb["positions"], attention_mask=mb["attention_mask"],
-                   segment_ids=mb["segment_ids"])
-    return sft_loss(logits, mb["targets"], mb["loss_mask"], normalizer)
+    """Masked next-token NLL of one micro-batch (packed rows attend within their documents); the
+    LM head runs over chunks of model.head_chunk positions."""
+    return sft_loss_from_logprobs(row_logprobs(model, mb)[0], mb["loss_mask"], normalizer)
 
 
 def target_tokens(batch) -> jax.Array:

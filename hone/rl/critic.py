@@ -44,24 +44,27 @@ class ActorCritic(nnx.Module):
 
     def __call__(self, tokens: jax.Array, positions: jax.Array | None = None,
                  attention_mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+        hidden, values = self.hidden_values(tokens, positions, attention_mask)
+        return self.policy.logits_from_hidden(hidden), values  # [B, L, V], [B, L]
+
+    def hidden_values(self, tokens: jax.Array, positions: jax.Array | None = None,
+                      attention_mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+        """The policy's final hidden states [B, L, D] (for its LM head, which a loss may run
+        over chunks of positions) and the values [B, L]."""
         hidden = self.policy.hidden(tokens, positions, attention_mask)  # [B, L, D]
-        logits = self.policy.logits_from_hidden(hidden)  # [B, L, V]
-        if self.critic is not None:
-            hidden = self.critic.hidden(tokens, positions, attention_mask)
-        values = self.value_head(hidden)[..., 0].astype(jnp.float32)  # [B, L]
-        return logits, values
+        critic = hidden if self.critic is None else self.critic.hidden(tokens, positions,
+                                                                       attention_mask)
+        return hidden, self.value_head(critic)[..., 0].astype(jnp.float32)
 
     def branch_slots(self, mb) -> tuple[jax.Array, jax.Array]:
-        """From tree rows (`hone.rl.rollout.pack_tree_rows`): logits [N, A·K, V] and values
-        [N, A, K] at the slots that predict each sample's tokens (`score_index`), the prompt
-        computed once per row; the value at a slot lines up with the token it predicts, as in
-        __call__."""
+        """From tree rows (`hone.rl.rollout.pack_tree_rows`): the policy's hidden states
+        [N, A·K, D] and the values [N, A, K] at the slots that predict each sample's tokens
+        (`score_index`), the prompt computed once per row; the value at a slot lines up with
+        the token it predicts, as in __call__."""
         hidden = branch_hidden(self.policy, mb)  # [N, A·K, D]
-        logits = self.policy.logits_from_hidden(hidden)
-        if self.critic is not None:
-            hidden = branch_hidden(self.critic, mb)
-        values = self.value_head(hidden)[..., 0].astype(jnp.float32)
-        return logits, values.reshape(mb["score_index"].shape)
+        critic = hidden if self.critic is None else branch_hidden(self.critic, mb)
+        values = self.value_head(critic)[..., 0].astype(jnp.float32)
+        return hidden, values.reshape(mb["score_index"].shape)
 
 
 def build_actor_critic(policy: Transformer, critic: str, seed: int) -> ActorCritic:

@@ -13,14 +13,13 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def diagnostics(logits, logp, mb, window: tuple[int, int] | None = None) -> dict:
+def diagnostics(entropy, logp, mb, window: tuple[int, int] | None = None) -> dict:
     """Entropy of the policy and the sampler-versus-trainer gap, as sums over completion tokens.
-    logits [B, L, V] and logp [B, L] of rows; with a `window` (start, width) the logits are
-    those of the window's slots only ([B, width, V]) while logp stays [B, L]."""
+    entropy and logp [B, L] of rows (`hone.train.scoring.head_logprobs`); with a `window`
+    (start, width) the entropy is that of the window's slots only ([B, width]) while logp stays
+    [B, L]."""
     mask = mb["loss_mask"]
-    logits = jax.lax.stop_gradient(logits.astype(jnp.float32))
-    lsm = jax.nn.log_softmax(logits, axis=-1)
-    entropy = -jnp.sum(jnp.exp(lsm) * lsm, axis=-1)  # [B, L] or [B, width]
+    entropy = jax.lax.stop_gradient(entropy)
     entropy_mask = mask if window is None else mask[:, window[0]:window[0] + window[1]]
     gap = (jax.lax.stop_gradient(logp) - mb["sampler_logp"]) * mask
     return {"entropy_sum": jnp.sum(entropy * entropy_mask),

@@ -10,11 +10,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hone.losses import token_logprobs
 from hone.parallel.roles import FrozenRole, split_devices
 from hone.rl.step import chunked
 from hone.train.reference import reference_model
-from hone.train.scoring import branch_logprobs
+from hone.train.scoring import branch_logprobs, row_logprobs
 from hone.train.state import flatten, unflatten
 from hone.train.step import merge
 
@@ -58,10 +57,8 @@ class RemoteReference(FrozenRole):
                 model = merge(graphdef, template, flat, weights["frozen"], precision)
                 ref = reference_model(model, mode, flat)
                 if "branch_ids" in mb:
-                    return branch_logprobs(ref, mb)[1]  # [groups, G, M]
-                logits = ref(mb["tokens"], positions=mb["positions"],
-                             attention_mask=mb["attention_mask"])
-                return token_logprobs(logits, mb["targets"])  # [b, L]
+                    return branch_logprobs(ref, mb)[0]  # [groups, G, M]
+                return row_logprobs(ref, mb)[0]  # [b, L]
 
             return chunked(score, batch, chunks)
 

@@ -38,6 +38,8 @@ def build_model(cfg, *, layout=None, log=print):
     if cfg.model.train_layers is not None:
         trainable = nnx.All(trainable, top_blocks(model, cfg.model.train_layers))
     model.remat = cfg.train.remat
+    model.attention = cfg.model.attention
+    model.head_chunk = cfg.train.head_chunk
     return model, trainable
 
 

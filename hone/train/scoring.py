@@ -4,7 +4,8 @@ row [prompt | answer 1 | ... | answer A], read only at the slots that predict an
 DPO and the reward-free preference losses score [prompt | chosen | rejected] rows, GRPO and PPO
 score tree rows [prompt | sample 1 | ... | sample G]; the policy, the reference and PPO's critic
 all read their hidden states here, so every one of them sees the same slots. The LM head runs on
-those slots only, so the prompt's [N, S, V] logits are never formed.
+those slots only, so the prompt's [N, S, V] logits are never formed, and over chunks of
+positions (`hone.models.head`), so neither are a long answer's.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from hone.losses import token_logprobs
+from hone.models.head import token_logprobs_and_entropy, token_logprobs_chunked
 
 
 def branch_hidden(model, mb) -> jax.Array:
@@ -26,11 +27,31 @@ def branch_hidden(model, mb) -> jax.Array:
     return jnp.take_along_axis(hidden, mb["score_index"].reshape(n, answers * width, 1), axis=1)
 
 
-def branch_logprobs(model, mb) -> tuple[jax.Array, jax.Array]:
-    """The LM head on `branch_hidden` only: the logits [N, A·K, V] of the slots that predict
-    answer tokens and the log-probabilities [N, A, K] of the answer tokens (score_targets;
-    0-masked by score_mask where there is none)."""
+def head_logprobs(model, hidden: jax.Array, targets: jax.Array, entropy: bool = False):
+    """The LM head of `model` on hidden [B, T, D]: log-probabilities of the targets [B, T], and
+    with `entropy` the entropy [B, T] of each position's distribution (a diagnostic, no
+    gradient), else None. Rows longer than model.head_chunk positions are scored chunk by chunk
+    (`hone.models.head`): their whole [B, T, V] logits are never formed."""
+    if entropy:
+        return token_logprobs_and_entropy(model.logits_from_hidden, hidden, targets,
+                                          model.head_chunk)
+    return token_logprobs_chunked(model.logits_from_hidden, hidden, targets,
+                                  model.head_chunk), None
+
+
+def row_logprobs(model, mb, entropy: bool = False):
+    """`head_logprobs` of whole rows: (log-probs [B, L] of mb["targets"], entropy or None)."""
+    hidden = model.hidden(mb["tokens"], positions=mb["positions"],
+                          attention_mask=mb["attention_mask"], segment_ids=mb.get("segment_ids"))
+    return head_logprobs(model, hidden, mb["targets"], entropy)
+
+
+def branch_logprobs(model, mb, entropy: bool = False):
+    """The LM head on `branch_hidden` only: the log-probabilities [N, A, K] of the answer tokens
+    (score_targets; 0-masked by score_mask where there is none), and with `entropy` the entropy
+    [N, A, K] at those slots, else None."""
     n, answers, width = mb["score_index"].shape
-    logits = model.logits_from_hidden(branch_hidden(model, mb))              # [N, A·K, V]
     targets = mb["score_targets"].reshape(n, answers * width)
-    return logits, token_logprobs(logits, targets).reshape(n, answers, width)
+    logp, ent = head_logprobs(model, branch_hidden(model, mb), targets, entropy)
+    shape = (n, answers, width)
+    return logp.reshape(shape), None if ent is None else ent.reshape(shape)

@@ -91,20 +91,25 @@ def _synthetic_rollout(rng, b=8, length=24, prompt=8):
 
 def test_completion_window_gives_the_full_rows_log_probabilities_and_diagnostics():
     """GRPO runs the LM head on the completion slots only: the log-probabilities the losses read
-    (loss_mask) and the entropy and sampler-gap sums equal those of the full rows."""
+    (loss_mask) and the entropy and sampler-gap sums equal those of the full rows; and over
+    chunks of positions (train.head_chunk, a ragged last chunk) they are the same again."""
     batch = {k: jnp.asarray(v) for k, v in _synthetic_rollout(np.random.default_rng(1)).items()}
     batch["sampler_logp"] = batch["loss_mask"] * -1.5
     model = Transformer(PRESETS["tiny"], rngs=nnx.Rngs(2))
     window = (7, 16)  # 8 prompt slots, 16 completion slots
-    full_logits, full = model_logp(model, batch)
-    logits, cut = model_logp(model, batch, window)
-    assert logits.shape == (8, 16, PRESETS["tiny"].vocab_size)
+    full, full_entropy = model_logp(model, batch, entropy=True)
+    cut, entropy = model_logp(model, batch, window, entropy=True)
+    assert entropy.shape == (8, 16) and model_logp(model, batch, window)[1] is None
     mask = np.asarray(batch["loss_mask"])
     np.testing.assert_allclose(np.asarray(cut) * mask, np.asarray(full) * mask, atol=1e-6)
     assert not np.any(np.asarray(cut)[:, :7])
-    want = diagnostics(full_logits, full, batch)
-    for key, value in diagnostics(logits, cut, batch, window).items():
+    want = diagnostics(full_entropy, full, batch)
+    for key, value in diagnostics(entropy, cut, batch, window).items():
         np.testing.assert_allclose(float(value), float(want[key]), rtol=1e-5)
+    model.head_chunk = 5  # 16 slots: chunks of 5, 5, 5 and 1
+    chunked, chunked_entropy = model_logp(model, batch, window, entropy=True)
+    np.testing.assert_allclose(np.asarray(chunked), np.asarray(cut), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(chunked_entropy), np.asarray(entropy), atol=1e-6)
     with pytest.raises(ValueError, match="rollout rows"):
         model_logp(model, batch, (7, 15))
 

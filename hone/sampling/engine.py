@@ -46,7 +46,7 @@ from hone.models.attention import Attention
 from hone.models.layers import Embedder
 from hone.models.linear import Linear
 from hone.models.mlp import GatedMLP
-from hone.sampling.cache import forward_cached, init_cache, rope_table
+from hone.sampling.cache import forward_cached, forward_chunks, init_cache, rope_table
 from hone.sampling.strategies import SamplingMode, choose
 
 # How many times each jitted function was traced (= compiled); tests read it.
@@ -63,36 +63,71 @@ def _repeat_rows(cache, logits, positions, valid, copies: int):
     return cache, rep(logits), rep(positions), rep(valid)
 
 
-@partial(jax.jit, static_argnames=("graphdef", "mode", "total", "cache_dtype", "copies"))
-def prefill(graphdef, params, tokens, valid, key, temperature, top_p, *, mode: SamplingMode,
-            total: int, cache_dtype, copies: int = 1) -> State:
-    """Prompts tokens/valid [B, P] (left-padded) -> decode state of B·copies rows with the first
-    new token."""
-    TRACES["prefill"] += 1
-    model = nnx.merge(graphdef, params)
-    b, p = tokens.shape
-    positions = jnp.maximum(jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1, 0)
-    cache = init_cache(model, b, total, cache_dtype)
-    rope = rope_table(model, total)
-    logits, cache = forward_cached(model, cache, tokens, positions, valid, jnp.int32(0),
-                                   rope=rope)
-    if copies > 1:
-        cache, logits, positions, valid = _repeat_rows(cache, logits, positions, valid, copies)
-        b *= copies
+def _turn_state(cache, rope, logits, positions, valid, key, start, n: int, mode, temperature,
+                top_p) -> State:
+    """The decode state after tokens up to slot start-1 are in the cache: the first new token
+    drawn from `logits` [B, V]; positions/valid [B, T] of the tokens just run."""
+    b = logits.shape[0]
     token, lp, slp = choose(logits, jax.random.fold_in(key, 0), mode, temperature, top_p)
-    n = total - p
     return {
         "cache": cache,
         "rope": rope,  # cos/sin by position, for the decode steps
         "key": key,
         "step": jnp.int32(1),  # tokens generated so far
-        "start": jnp.int32(p),  # sequence slot of the first generated token
+        "start": jnp.asarray(start, jnp.int32),  # sequence slot of the first generated token
         "next_pos": positions[:, -1] + 1,  # [B] position of the token just generated
         "done": ~valid[:, -1],  # rows that are batch padding never generate
         "tokens": jnp.zeros((b, n), jnp.int32).at[:, 0].set(token),
         "logprobs": jnp.zeros((b, n), jnp.float32).at[:, 0].set(lp),
         "sampling_logprobs": jnp.zeros((b, n), jnp.float32).at[:, 0].set(slp),
     }
+
+
+@partial(jax.jit, static_argnames=("graphdef", "mode", "total", "cache_dtype", "copies",
+                                   "chunk"))
+def prefill(graphdef, params, tokens, valid, key, temperature, top_p, *, mode: SamplingMode,
+            total: int, cache_dtype, copies: int = 1, chunk: int | None = None) -> State:
+    """Prompts tokens/valid [B, P] (left-padded) -> decode state of B·copies rows with the first
+    new token. chunk: run the prompt in pieces of this many positions (`forward_chunks`)."""
+    TRACES["prefill"] += 1
+    model = nnx.merge(graphdef, params)
+    b, p = tokens.shape
+    positions = jnp.maximum(jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1, 0)
+    cache = init_cache(model, b, total, cache_dtype)
+    rope = rope_table(model, total)
+    logits, cache = forward_chunks(model, cache, tokens, positions, valid, jnp.int32(0),
+                                   rope=rope, chunk=chunk, cached_keys=False)
+    if copies > 1:
+        cache, logits, positions, valid = _repeat_rows(cache, logits, positions, valid, copies)
+    return _turn_state(cache, rope, logits, positions, valid, key, p, total - p, mode,
+                       temperature, top_p)
+
+
+@partial(jax.jit, static_argnames=("graphdef", "mode", "chunk"), donate_argnames=("state",))
+def extend(graphdef, params, state: State, tokens, valid, key, temperature, top_p, *,
+           mode: SamplingMode, chunk: int | None = None) -> State:
+    """Append tokens/valid [B, T] to the sequence a decode state holds and start a new turn:
+    the decode state for generating after them, its first token drawn (with `key`, which
+    should be new: step keys are fold_in(key, step) again from step 0).
+
+    The last generated token is not in the cache yet (the next decode step would write it):
+    the appended tokens take its slot and position, so pass it first when it belongs to the
+    sequence (an end-of-turn token the next turn should see). Rows may append different
+    numbers of tokens: left-pad them within `tokens` (valid False); the last column must be
+    real for every row that goes on generating. The cache must have room: slots used so far
+    + T + the next turn's tokens <= the `total` the cache was made for (a global layer's
+    cache does not grow; past its end it would wrap). chunk: as in `prefill`.
+    """
+    TRACES["extend"] += 1
+    model = nnx.merge(graphdef, params)
+    start = state["start"] + state["step"] - 1  # the pending token's slot
+    first = state["next_pos"] - 1  # [B] and its position
+    positions = first[:, None] + jnp.maximum(jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1, 0)
+    logits, cache = forward_chunks(model, state["cache"], tokens, positions, valid, start,
+                                   rope=state["rope"], chunk=chunk, cached_keys=True)
+    return _turn_state(cache, state["rope"], logits, positions, valid, key,
+                       start + tokens.shape[1], state["tokens"].shape[1], mode, temperature,
+                       top_p)
 
 
 def _parts(module) -> tuple:

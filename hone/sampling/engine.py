@@ -114,14 +114,17 @@ def extend(graphdef, params, state: State, tokens, valid, key, temperature, top_
     the appended tokens take its slot and position, so pass it first when it belongs to the
     sequence (an end-of-turn token the next turn should see). Rows may append different
     numbers of tokens: left-pad them within `tokens` (valid False); the last column must be
-    real for every row that goes on generating. The cache must have room: slots used so far
-    + T + the next turn's tokens <= the `total` the cache was made for (a global layer's
-    cache does not grow; past its end it would wrap). chunk: as in `prefill`.
+    real for every row that goes on generating. Not with sliding-window layers: a window
+    counts cache slots (and its ring keeps the last W of them), so padding inside a row
+    would hide real keys from it; there every row must append T real tokens. The cache must
+    have room: slots used so far + T + the next turn's tokens <= the `total` the cache was
+    made for (a global layer's cache does not grow; past its end it would wrap). chunk: as
+    in `prefill`.
     """
     TRACES["extend"] += 1
     model = nnx.merge(graphdef, params)
     start = state["start"] + state["step"] - 1  # the pending token's slot
-    first = state["next_pos"] - 1  # [B] and its position
+    first = state["next_pos"]  # [B] and its position
     positions = first[:, None] + jnp.maximum(jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1, 0)
     logits, cache = forward_chunks(model, state["cache"], tokens, positions, valid, start,
                                    rope=state["rope"], chunk=chunk, cached_keys=True)

@@ -77,6 +77,10 @@ def _turn_state(cache, rope, logits, positions, valid, key, start, n: int, mode,
         "start": jnp.asarray(start, jnp.int32),  # sequence slot of the first generated token
         "next_pos": positions[:, -1] + 1,  # [B] position of the token just generated
         "done": ~valid[:, -1],  # rows that are batch padding never generate
+        # [B] rows whose pending token is not part of the sequence (padding after the end
+        # token, already written, or batch padding): decode and extend write it as invalid
+        # and do not advance next_pos, so a finished row's cache holds its sequence only.
+        "ended": ~valid[:, -1],
         "tokens": jnp.zeros((b, n), jnp.int32).at[:, 0].set(token),
         "logprobs": jnp.zeros((b, n), jnp.float32).at[:, 0].set(lp),
         "sampling_logprobs": jnp.zeros((b, n), jnp.float32).at[:, 0].set(slp),
@@ -111,8 +115,8 @@ def extend(graphdef, params, state: State, tokens, valid, key, temperature, top_
     should be new: step keys are fold_in(key, step) again from step 0).
 
     The last generated token is not in the cache yet (the next decode step would write it):
-    the appended tokens take its slot and position, so pass it first when it belongs to the
-    sequence (an end-of-turn token the next turn should see). Rows may append different
+    extend writes it first, at its slot and position, unless the row had ended before it
+    (then it is padding), so `tokens` are only what follows the turn. Rows may append different
     numbers of tokens: left-pad them within `tokens` (valid False); the last column must be
     real for every row that goes on generating. Not with sliding-window layers: a window
     counts cache slots (and its ring keeps the last W of them), so padding inside a row
@@ -124,8 +128,13 @@ def extend(graphdef, params, state: State, tokens, valid, key, temperature, top_
     TRACES["extend"] += 1
     model = nnx.merge(graphdef, params)
     start = state["start"] + state["step"] - 1  # the pending token's slot
-    first = state["next_pos"]  # [B] and its position
-    positions = first[:, None] + jnp.maximum(jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1, 0)
+    b = tokens.shape[0]
+    pending = state["tokens"][jnp.arange(b), state["step"] - 1]
+    tokens = jnp.concatenate([pending[:, None], tokens], axis=1)  # [B, 1 + T]
+    valid = jnp.concatenate([~state["ended"][:, None], valid], axis=1)
+    # Positions continue from the pending token's (next_pos), counting real tokens only.
+    positions = state["next_pos"][:, None] + jnp.maximum(
+        jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1, 0)
     logits, cache = forward_chunks(model, state["cache"], tokens, positions, valid, start,
                                    rope=state["rope"], chunk=chunk, cached_keys=True)
     return _turn_state(cache, state["rope"], logits, positions, valid, key,
@@ -248,16 +257,16 @@ def decode(graphdef, params, packed, state: State, limit, eos_ids, pad_id, tempe
     def body(s):
         step = s["step"]
         last = s["tokens"][:, step - 1]
+        write = ~s["ended"]  # [B] is `last` part of the row's sequence?
         logits, cache = forward_cached(
-            model, s["cache"], last[:, None], s["next_pos"][:, None],
-            jnp.ones((b, 1), jnp.bool_), s["start"] + step - 1, kernels=bool(packed),
-            rope=s["rope"])
+            model, s["cache"], last[:, None], s["next_pos"][:, None], write[:, None],
+            s["start"] + step - 1, kernels=bool(packed), rope=s["rope"])
         token, lp, slp = choose(logits, jax.random.fold_in(s["key"], step), mode, temperature,
                                 top_p)
         token = jnp.where(s["done"], pad_id, token)
         zero = jnp.zeros_like(lp)
         return dict(
-            s, cache=cache, step=step + 1, next_pos=s["next_pos"] + 1,
+            s, cache=cache, step=step + 1, next_pos=s["next_pos"] + write, ended=s["done"],
             done=_finish(s, token, eos_ids),
             tokens=s["tokens"].at[:, step].set(token),
             logprobs=s["logprobs"].at[:, step].set(jnp.where(s["done"], zero, lp)),

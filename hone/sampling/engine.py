@@ -120,7 +120,8 @@ def extend(graphdef, params, state: State, tokens, valid, key, temperature, top_
     numbers of tokens: left-pad them within `tokens` (valid False); the last column must be
     real for every row that goes on generating. Not with sliding-window layers: a window
     counts cache slots (and its ring keeps the last W of them), so padding inside a row
-    would hide real keys from it; there every row must append T real tokens. The cache must
+    would hide real keys from it; there every row must append T real tokens, and none may
+    have ended its turn early (its padding after the end token is such a gap). The cache must
     have room: slots used so far + T + the next turn's tokens <= the `total` the cache was
     made for (a global layer's cache does not grow; past its end it would wrap). chunk: as
     in `prefill`.

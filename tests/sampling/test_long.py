@@ -2,9 +2,9 @@
 (appending a turn to a decode state) equals prefilling the whole sequence, a bfloat16 cache
 drifts within a measured bound, and an 8k-token generation keeps teacher-forced log-probs.
 
-One tiny model for all: the tiny preset's shape with a sliding-window layer (window 8, so
-prompts, chunks and completions are several windows long and every ring wraps) beside a global
-one, and a context long enough for 8k tokens.
+The model: the tiny preset's shape with a sliding-window layer (window 8, so prompts, chunks and
+completions are several windows long and every ring wraps) beside a global one, and a context
+long enough for 8k tokens; ragged turns use the same with global layers only.
 """
 
 import dataclasses
@@ -65,13 +65,13 @@ def _decode(graphdef, params, state, limit):
 
 def test_blockwise_and_chunked_prefill_equal_one_dense_prefill(model):
     # Prompts up to 70 tokens (bucket 128): with blocks of 16 the prefill is blockwise; chunks
-    # of 16 divide the bucket, chunks of 24 leave a first piece of 8; both exceed the window.
+    # of 24 leave a first piece of 8, then 5 pieces that each overwrite the window's ring.
     # Every prefill's state is decoded by one compiled loop (the decode step does not depend
     # on the prefill's attention path), 12 tokens each.
     tokens, valid = _left_padded(_prompts((70, 5, 40)), 128)
     graphdef, params = nnx.split(model)
     runs = []
-    for block, chunk in ((256, None), (16, None), (16, 16), (16, 24)):
+    for block, chunk in ((DEFAULT_BLOCK, None), (16, None), (16, 24)):
         model.attention_block = block
         g, p = nnx.split(model)
         state = prefill(g, p, tokens, valid, jax.random.key(0), ONE, ONE, mode=GREEDY,

@@ -41,6 +41,9 @@ class RolloutKeys:
     top_k: int | None = field(default=None, metadata={"min": 1})
     # Wrap each prompt in the tokenizer's chat template as a user message.
     chat: bool = True
+    # The sampler's KV-cache dtype: auto = the model's parameter dtype; bfloat16 halves the
+    # cache (log-prob drift measured in docs/guides/_sampler_long.md).
+    cache_dtype: str = field(default="auto", metadata={"choices": ("auto", "float32", "bfloat16")})
     # Held-out prompts answered greedily at each evaluation (accuracy, mean reward).
     eval_prompts: int = field(default=64, metadata={"min": 1})
 

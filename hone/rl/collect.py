@@ -43,6 +43,7 @@ class Rollouts:
         samples = sample(model, self.tokenizer, ids, texts, columns, group_size=s.group_size,
                          max_new_tokens=s.max_new_tokens, temperature=s.temperature,
                          top_k=s.top_k, top_p=s.top_p, prompt_bucket=s.max_prompt_tokens,
+                         cache_dtype=None if s.cache_dtype == "auto" else s.cache_dtype,
                          seed=step_seed(self.cfg.train.seed, step, round_))
         return samples, self.score(samples)
 

@@ -46,7 +46,7 @@ from hone.models.attention import Attention
 from hone.models.layers import Embedder, positions_from_mask
 from hone.models.linear import Linear
 from hone.models.mlp import GatedMLP
-from hone.sampling.cache import forward_cached, init_cache, rope_table
+from hone.sampling.cache import forward_cached, forward_chunks, init_cache, rope_table
 from hone.sampling.strategies import SamplingMode, choose
 
 # How many times each jitted function was traced (= compiled); tests read it.
@@ -63,36 +63,84 @@ def _repeat_rows(cache, logits, positions, valid, copies: int):
     return cache, rep(logits), rep(positions), rep(valid)
 
 
-@partial(jax.jit, static_argnames=("graphdef", "mode", "total", "cache_dtype", "copies"))
+def _turn_state(cache, rope, logits, positions, valid, key, start, n: int, mode, temperature,
+                top_p) -> State:
+    """The decode state after tokens up to slot start-1 are in the cache: the first new token
+    drawn from `logits` [B, V]; positions/valid [B, T] of the tokens just run."""
+    b = logits.shape[0]
+    token, lp, slp = choose(logits, jax.random.fold_in(key, 0), mode, temperature, top_p)
+    return {
+        "cache": cache,
+        "rope": rope,  # cos/sin by position, for the decode steps
+        "key": key,
+        "step": jnp.int32(1),  # tokens generated so far
+        "start": jnp.asarray(start, jnp.int32),  # sequence slot of the first generated token
+        "next_pos": positions[:, -1] + 1,  # [B] position of the token just generated
+        "done": ~valid[:, -1],  # rows that are batch padding never generate
+        # [B] rows whose pending token is not part of the sequence (padding after the end
+        # token, already written, or batch padding): decode and extend write it as invalid
+        # and do not advance next_pos, so a finished row's cache holds its sequence only.
+        "ended": ~valid[:, -1],
+        "tokens": jnp.zeros((b, n), jnp.int32).at[:, 0].set(token),
+        "logprobs": jnp.zeros((b, n), jnp.float32).at[:, 0].set(lp),
+        "sampling_logprobs": jnp.zeros((b, n), jnp.float32).at[:, 0].set(slp),
+    }
+
+
+@partial(jax.jit, static_argnames=("graphdef", "mode", "total", "cache_dtype", "copies",
+                                   "chunk"))
 def prefill(graphdef, params, tokens, valid, key, temperature, top_p, *, mode: SamplingMode,
-            total: int, cache_dtype, copies: int = 1) -> State:
+            total: int, cache_dtype, copies: int = 1, chunk: int | None = None) -> State:
     """Prompts tokens/valid [B, P] (left-padded) -> decode state of B·copies rows with the first
-    new token."""
+    new token. chunk: run the prompt in pieces of this many positions (`forward_chunks`)."""
     TRACES["prefill"] += 1
     model = nnx.merge(graphdef, params)
     b, p = tokens.shape
     positions = positions_from_mask(valid)
     cache = init_cache(model, b, total, cache_dtype)
     rope = rope_table(model, total)
-    logits, cache = forward_cached(model, cache, tokens, positions, valid, jnp.int32(0),
-                                   rope=rope)
+    logits, cache = forward_chunks(model, cache, tokens, positions, valid, jnp.int32(0),
+                                   rope=rope, chunk=chunk, cached_keys=False)
     if copies > 1:
         cache, logits, positions, valid = _repeat_rows(cache, logits, positions, valid, copies)
-        b *= copies
-    token, lp, slp = choose(logits, jax.random.fold_in(key, 0), mode, temperature, top_p)
-    n = total - p
-    return {
-        "cache": cache,
-        "rope": rope,  # cos/sin by position, for the decode steps
-        "key": key,
-        "step": jnp.int32(1),  # tokens generated so far
-        "start": jnp.int32(p),  # sequence slot of the first generated token
-        "next_pos": positions[:, -1] + 1,  # [B] position of the token just generated
-        "done": ~valid[:, -1],  # rows that are batch padding never generate
-        "tokens": jnp.zeros((b, n), jnp.int32).at[:, 0].set(token),
-        "logprobs": jnp.zeros((b, n), jnp.float32).at[:, 0].set(lp),
-        "sampling_logprobs": jnp.zeros((b, n), jnp.float32).at[:, 0].set(slp),
-    }
+    return _turn_state(cache, rope, logits, positions, valid, key, p, total - p, mode,
+                       temperature, top_p)
+
+
+@partial(jax.jit, static_argnames=("graphdef", "mode", "chunk"), donate_argnames=("state",))
+def extend(graphdef, params, state: State, tokens, valid, key, temperature, top_p, *,
+           mode: SamplingMode, chunk: int | None = None) -> State:
+    """Append tokens/valid [B, T] to the sequence a decode state holds and start a new turn:
+    the decode state for generating after them, its first token drawn (with `key`, which
+    should be new: step keys are fold_in(key, step) again from step 0).
+
+    The last generated token is not in the cache yet (the next decode step would write it):
+    extend writes it first, at its slot and position, unless the row had ended before it
+    (then it is padding), so `tokens` are only what follows the turn. Rows may append different
+    numbers of tokens: left-pad them within `tokens` (valid False); the last column must be
+    real for every row that goes on generating. Not with sliding-window layers: a window
+    counts cache slots (and its ring keeps the last W of them), so padding inside a row
+    would hide real keys from it; there every row must append T real tokens, and none may
+    have ended its turn early (its padding after the end token is such a gap). The cache must
+    have room: slots used so far + T + the next turn's tokens <= the `total` the cache was
+    made for (a global layer's cache does not grow; past its end it would wrap). chunk: as
+    in `prefill`.
+    """
+    TRACES["extend"] += 1
+    model = nnx.merge(graphdef, params)
+    start = state["start"] + state["step"] - 1  # the pending token's slot
+    b = tokens.shape[0]
+    pending = state["tokens"][jnp.arange(b), state["step"] - 1]
+    tokens = jnp.concatenate([pending[:, None], tokens], axis=1)  # [B, 1 + T]
+    valid = jnp.concatenate([~state["ended"][:, None], valid], axis=1)
+    # Positions continue from the pending token's (next_pos), counting real tokens only.
+    positions = state["next_pos"][:, None] + jnp.maximum(
+        jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1, 0)
+    logits, cache = forward_chunks(model, state["cache"], tokens, positions, valid, start,
+                                   rope=state["rope"], chunk=chunk, cached_keys=True)
+    return _turn_state(cache, state["rope"], logits, positions, valid, key,
+                       start + tokens.shape[1], state["tokens"].shape[1], mode, temperature,
+                       top_p)
 
 
 def _parts(module) -> tuple:
@@ -210,16 +258,16 @@ def decode(graphdef, params, packed, state: State, limit, eos_ids, pad_id, tempe
     def body(s):
         step = s["step"]
         last = s["tokens"][:, step - 1]
+        write = ~s["ended"]  # [B] is `last` part of the row's sequence?
         logits, cache = forward_cached(
-            model, s["cache"], last[:, None], s["next_pos"][:, None],
-            jnp.ones((b, 1), jnp.bool_), s["start"] + step - 1, kernels=bool(packed),
-            rope=s["rope"])
+            model, s["cache"], last[:, None], s["next_pos"][:, None], write[:, None],
+            s["start"] + step - 1, kernels=bool(packed), rope=s["rope"])
         token, lp, slp = choose(logits, jax.random.fold_in(s["key"], step), mode, temperature,
                                 top_p)
         token = jnp.where(s["done"], pad_id, token)
         zero = jnp.zeros_like(lp)
         return dict(
-            s, cache=cache, step=step + 1, next_pos=s["next_pos"] + 1,
+            s, cache=cache, step=step + 1, next_pos=s["next_pos"] + write, ended=s["done"],
             done=_finish(s, token, eos_ids),
             tokens=s["tokens"].at[:, step].set(token),
             logprobs=s["logprobs"].at[:, step].set(jnp.where(s["done"], zero, lp)),

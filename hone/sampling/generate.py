@@ -82,20 +82,28 @@ def generate(model, tokenizer, prompts, max_new_tokens: int = 64, temperature: f
              top_k: int | None = None, top_p: float | None = None, seed: int = 0,
              stop: Sequence[str] = (), eos_ids: Sequence[int] | None = None,
              on_step: Callable[[np.ndarray], None] | None = None,
-             cache_dtype=None, min_prompt_bucket: int = 16, n: int = 1) -> list[Completion]:
+             cache_dtype=None, min_prompt_bucket: int = 16, n: int = 1,
+             prefill_chunk: int | None = None) -> list[Completion]:
     """Complete each prompt (text, or a list of token ids) with up to max_new_tokens tokens.
 
     temperature 0 is greedy. n: completions per prompt, returned prompt by prompt (n for the
     first prompt, then n for the second, ...); the n share one prefill of their prompt and draw
     the samples a call listing each prompt n times draws (RL groups, pass@k). on_step, if
     given, is called with the tokens generated so far [rows, steps] after every step
-    (streaming). cache_dtype defaults to the model's parameter dtype.
+    (streaming). cache_dtype defaults to the model's parameter dtype; jnp.bfloat16 halves the
+    cache (the decode step reads it in float32; docs/guides/_sampler_long.md has the drift).
+    prefill_chunk: run the prompt in pieces of this many positions, each against the cache
+    written so far (activation memory O(chunk) instead of O(prompt); the same numbers).
     min_prompt_bucket: the smallest padded prompt length; a caller whose prompts have a known
     maximum (RL) passes it, so every call reuses one compiled shape.
     """
     cfg = model.config
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise InputError(f"must be a positive integer, got {n!r}", key="n")
+    if prefill_chunk is not None and (not isinstance(prefill_chunk, int)
+                                      or isinstance(prefill_chunk, bool) or prefill_chunk < 1):
+        raise InputError(f"must be a positive integer or None, got {prefill_chunk!r}",
+                         key="prefill_chunk")
     ids = _check(prompts, tokenizer, max_new_tokens, temperature, top_k, top_p,
                  cfg.max_position_embeddings)
     if top_k is not None:
@@ -117,7 +125,8 @@ def generate(model, tokenizer, prompts, max_new_tokens: int = 64, temperature: f
     nucleus = jnp.float32(top_p if top_p is not None else 1.0)
     dtype = cache_dtype or model.embedder.embedding[...].dtype
     state = prefill(graphdef, params, tokens, valid, jax.random.key(seed), temp, nucleus,
-                    mode=mode, total=p + new, cache_dtype=jnp.dtype(dtype), copies=n)
+                    mode=mode, total=p + new, cache_dtype=jnp.dtype(dtype), copies=n,
+                    chunk=prefill_chunk)
     b *= n  # completions wanted; rows past them are batch padding
     eos = jnp.asarray(list(eos_ids) or [-1], jnp.int32)
     streaming = on_step is not None or bool(stop)

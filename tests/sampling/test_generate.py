@@ -183,6 +183,7 @@ def test_cache_longer_than_a_block(name, tmp_path):
     (dict(temperature=-1.0), "temperature"),
     (dict(prompts=["text"]), "prompts[0]"),
     (dict(n=0), "n"),
+    (dict(prefill_chunk=0), "prefill_chunk"),
 ])
 def test_bad_input_is_refused_before_compiling(kwargs, key):
     model = hone.load_model("tiny")

@@ -43,8 +43,9 @@ def axis_sizes(section, count: int) -> tuple[int, int, int, int]:
                              f"({fixed} devices per {rest} slot)", key=f"mesh.{rest}")
         sizes[sizes.index(-1)] = count // fixed
     if math.prod(sizes) > count:
-        raise InputError(f"mesh.data x mesh.fsdp x mesh.seq x mesh.tp = {' x '.join(map(str, sizes))} = "
-                         f"{math.prod(sizes)}, but there are only {count} device(s)", key="mesh")
+        each = ", ".join(f"mesh.{a} = {n}" for a, n in zip(AXES, sizes))
+        raise InputError(f"{each} need {math.prod(sizes)} devices (their product), but there "
+                         f"are only {count} device(s)", key="mesh")
     return tuple(sizes)
 
 

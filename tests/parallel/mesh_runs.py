@@ -112,10 +112,14 @@ def ring_check() -> None:
              "branches": (MaskSpec(position, position, valid[::-1], None, None, None, branch,
                                    branch), None)}
     weight = jnp.cos(jnp.arange(n * h, dtype=jnp.float32)).reshape(n, h)  # a loss of all outputs
-    errors = {}
-    for shape in ((1, 1, 4, 1), (1, 2, 2, 2)):
-        mesh = build_mesh(MeshSection(*shape))
+    errors, permutes = {}, {}
+    for shape in ({"seq": 4}, {"data": 1, "fsdp": 2, "seq": 2, "tp": 2}):
+        mesh = build_mesh(MeshSection(**({"data": 1} | shape)))
         ring = RingAttention(mesh)
+        # The ring really runs (not the fallback): its forward passes blocks by collective permutes.
+        hlo = jax.jit(lambda q, k, v: ring(q, k, v, specs["padding"][0], scale=0.3)).lower(
+            q, k, v).compile().as_text()
+        permutes[str(dict(mesh.shape))] = hlo.count("collective-permute(")
         for name, (spec, cap) in specs.items():
             def run(q, k, v, attend):
                 out = attend(q, k, v)
@@ -126,12 +130,9 @@ def ring_check() -> None:
             want = jax.grad(run, argnums=(0, 1, 2), has_aux=True)(q, k, v, dense)
             got = jax.jit(jax.grad(run, argnums=(0, 1, 2), has_aux=True),
                           static_argnums=3)(q, k, v, split)
-            errors[f"{shape}/{name}"] = max(float(jnp.max(jnp.abs(x - y))) for x, y in
+            errors[f"{dict(mesh.shape)}/{name}"] = max(float(jnp.max(jnp.abs(x - y))) for x, y in
                                             zip(jax.tree.leaves(got), jax.tree.leaves(want)))
-    # The ring really runs: its jitted forward passes blocks with collective permutes.
-    hlo = jax.jit(lambda q, k, v: ring(q, k, v, specs["padding"][0], scale=0.3)).lower(
-        q, k, v).compile().as_text()
-    layout = Layout(build_mesh(MeshSection(1, 2, 2, 2)))
+    layout = Layout(build_mesh(MeshSection(data=1, fsdp=2, seq=2, tp=2)))
     batch = layout.place_batch({"tokens": np.zeros((4, 16), np.int32),
                                 "loss_mask": np.zeros((4, 16, 3), np.float32),
                                 "score_index": np.zeros((4, 2, 16), np.int32)})
@@ -160,7 +161,7 @@ def ring_check() -> None:
                           for x, y in zip(jax.tree.leaves((got_g, got)),
                                           jax.tree.leaves((want_g, want))))
     print(json.dumps({"name": "ring", "errors": errors,
-                      "permutes": hlo.count("collective-permute"),
+                      "permutes": permutes,
                       "specs": {k: str(x.sharding.spec) for k, x in batch.items()},
                       "error": error,
                       "hook": type(model.sequence_attention).__name__}), flush=True)

@@ -99,3 +99,5 @@ def test_batches_must_split_over_the_mesh_and_allreduce_needs_replicated_paramet
         check_layout(SFTConfig(train=t), Layout(mesh(data=8), "allreduce"))
     with pytest.raises(InputError, match="mesh.mode.*fsdp = mesh.tp = 1"):
         Layout(mesh(data=4, fsdp=2), "allreduce")
+    with pytest.raises(InputError, match="mesh.mode.*mesh.seq = 1"):
+        Layout(mesh(data=4, seq=2), "allreduce")

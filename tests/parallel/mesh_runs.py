@@ -37,7 +37,8 @@ def run(algo: str, run_dir: Path, mesh: str, overrides: list[str]) -> dict:
     rows = [r for r in rows if "loss" in r]
     # Which attention ran across the seq axis (None: no seq axis, attention within each row).
     ring = type(getattr(model, "sequence_attention", None)).__name__
-    return {"mesh": mesh, "ring": ring, "steps": [r["step"] for r in rows], "loss": [r["loss"] for r in rows],
+    return {"mesh": mesh, "ring": ring, "steps": [r["step"] for r in rows],
+            "loss": [r["loss"] for r in rows],
             "grad_norm": [r["grad_norm"] for r in rows],
             "device_bytes": Layout.device_bytes({"params": state["params"],
                                                  "opt_state": state["opt_state"]})}

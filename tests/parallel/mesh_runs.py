@@ -127,7 +127,9 @@ def ring_check() -> None:
                 return (out * weight).sum(), out
             dense = lambda q, k, v: dense_attention(  # noqa: E731
                 q, k, v, spec.build(), scale=0.3, softcap=cap)[0]
-            split = lambda q, k, v: ring(q, k, v, spec, scale=0.3, softcap=cap)  # noqa: E731
+            # block=2: each device's 4 or 8 queries are scored in chunks of 2 per ring step
+            split = lambda q, k, v: ring(q, k, v, spec, scale=0.3, softcap=cap,  # noqa: E731
+                                         block=2)
             want = jax.grad(run, argnums=(0, 1, 2), has_aux=True)(q, k, v, dense)
             got = jax.jit(jax.grad(run, argnums=(0, 1, 2), has_aux=True),
                           static_argnums=3)(q, k, v, split)

@@ -9,8 +9,8 @@ as its `sequence_attention` (the model never names a mesh axis).
 Method: ring, not all-to-all over heads (Ulysses). All-to-all would trade the token split for a
 head split and run ordinary attention, but it needs the heads (and the KV heads, or copies of
 them) to divide by seq x tp: SmolLM2 has 9 heads and 3 KV heads, the tiny test preset 4 and 2,
-so seq=4 would already fail on both. The ring works for any head count, and a device never holds
-more than its own T/seq queries plus one visiting T/seq block of keys and values.
+so seq=4 would already fail on both. The ring works for any head count, and in the forward pass
+a device holds only its own T/seq queries plus one visiting T/seq block of keys and values.
 
 How: inside `jax.shard_map`, each device keeps its query block and its per-token mask vectors
 (index, validity, segment, branch: hone/models/masks.py), and for seq steps scores them against
@@ -86,8 +86,9 @@ class RingAttention:
         chunk = block if (t // seq) % block == 0 else t // seq
         ring = functools.partial(_ring, seq=seq, window=spec.window, scale=scale,
                                  softcap=softcap, keys=t, chunk=chunk)
-        # check_vma=False: every input is split over every mesh axis (the fallback above takes
-        # the rest), so no input is replicated and no cotangent needs summing behind our back.
+        # check_vma=False: q, k and v are split over every mesh axis (the fallback above takes
+        # the rest), so no differentiable input is replicated and no cotangent needs summing
+        # behind our back; the mask vectors (replicated over tp) are integers, without one.
         return jax.shard_map(ring, mesh=self.mesh, in_specs=(heads, heads, heads,
                                                              {f: tokens for f in vecs}),
                              out_specs=heads, check_vma=False)(q, k, v, vecs)

@@ -9,6 +9,8 @@ repeat of keys and values in memory). Scores and softmax are float32 whatever th
 
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -115,12 +117,18 @@ class Attention(nnx.Module):
         return out
 
     def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | MaskSpec,
-               return_probs: bool = False, impl: str = "auto", block: int = DEFAULT_BLOCK):
+               return_probs: bool = False, impl: str | Callable = "auto",
+               block: int = DEFAULT_BLOCK):
         """q [B, T, N, H], k/v [B, S, K, H], mask: boolean [B, T, S] or the spec it is built from
         -> output [B, T, D]; with return_probs also the float32 attention probabilities
         [B, N, T, S]. impl/block choose the implementation (`attention_path`) when the mask is
-        a spec; a built mask, or return_probs (the maps need all of T x S anyway), is dense."""
+        a spec; a built mask, or return_probs (the maps need all of T x S anyway), is dense.
+        impl may also be a function `f(q, k, v, spec, *, scale, softcap, block)` (the
+        Transformer's sequence_attention), called in place of the choice."""
         b, t, n, h = q.shape
+        if isinstance(mask, MaskSpec) and callable(impl) and not return_probs:
+            return self.o(impl(q, k, v, mask, scale=self.scale, softcap=self.softcap,
+                               block=block))
         if isinstance(mask, MaskSpec):
             path = "dense" if return_probs else attention_path(impl, t, k.shape[1], block)
             if path == "blockwise":
@@ -203,7 +211,8 @@ class Attention(nnx.Module):
         return self.o(out.astype(q.dtype).reshape(b, 1, n, h))
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array,
-                 mask: jax.Array | MaskSpec, return_probs: bool = False, impl: str = "auto",
+                 mask: jax.Array | MaskSpec, return_probs: bool = False,
+                 impl: str | Callable = "auto",
                  block: int = DEFAULT_BLOCK):
         """Self-attention over the sequence itself (training and scoring; no cache)."""
         q, k, v = self.project_qkv(x, cos, sin)

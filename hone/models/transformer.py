@@ -84,6 +84,11 @@ class Transformer(nnx.Module):
         # keys. Set by the trainer like remat; static, so a change compiles a new step.
         self.attention = "auto"
         self.attention_block = DEFAULT_BLOCK
+        # An attention function over mask specs that replaces the choice above in the forward
+        # pass, `f(q, k, v, spec, *, scale, softcap, block) -> [B, T, N, H]`: set by the layout
+        # for sequence parallelism (hone/parallel/sequence.py), so this file names no mesh axis.
+        # Static (hashable), like the settings above; the sampler's cached passes ignore it.
+        self.sequence_attention: Callable | None = None
         self.lm_head = (None if cfg.tie_embeddings else
                         Linear((cfg.hidden_size,), (cfg.vocab_size,), ("embed", "vocab"), dtype,
                                rngs))
@@ -167,7 +172,7 @@ class Transformer(nnx.Module):
         masks = {kind: MaskSpec(index, index, valid, self.window_for(kind),
                                 segment_ids, segment_ids, branch_ids, branch_ids)
                  for kind in set(self.config.layer_types)}
-        impl, block = self.attention, self.attention_block
+        impl, block = self.sequence_attention or self.attention, self.attention_block
         ropes = self.rope_for(positions)
         x = self.embedder.encode(tokens)
         captured: dict = {"hidden": {}, "attention": {}}

@@ -5,8 +5,12 @@
 - Optimizer state: each leaf that mirrors a parameter (Adam's moments are dicts keyed like the
   parameters) is sharded like that parameter; scalars (the step count) are replicated. So the
   optimizer bytes per device fall with fsdp exactly as the parameter bytes do.
-- Batch rows: split over data x fsdp. Each process hands over only the rows its own devices
-  hold (`jax.make_array_from_process_local_data`), so multi-host runs need no gathering.
+- Batch rows: split over data x fsdp; with mesh.seq > 1 also each row's tokens over seq (every
+  [B, T, ...] array of a batch whose T is the length of its `tokens`). Each process hands over
+  only the part its own devices hold (`jax.make_array_from_process_local_data`), so multi-host
+  runs need no gathering.
+- Sequence parallelism needs attention across the seq axis: `place_model` gives the model the
+  ring attention of hone/parallel/sequence.py (the model itself never names the axis).
 
 `Layout(None)` is the single-device layout: every method returns its input unchanged, so a run
 on one device compiles exactly the program it compiled before meshes existed.
@@ -22,7 +26,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from hone.errors import InputError
-from hone.parallel.mesh import BATCH_AXES, batch_shards, build_mesh
+from hone.parallel.mesh import BATCH_AXES, batch_shards, build_mesh, seq_shards
 from hone.parallel.rules import named_sharding
 from hone.train.state import path_key
 
@@ -42,6 +46,9 @@ class Layout:
             raise InputError(f"the explicit all-reduce mode replicates the parameters on every "
                              f"device, so it needs mesh.fsdp = mesh.tp = 1, got fsdp "
                              f"{mesh.shape['fsdp']} and tp {mesh.shape['tp']}", key="mesh.mode")
+        if mode == "allreduce" and mesh is not None and seq_shards(mesh) > 1:
+            raise InputError(f"the explicit all-reduce mode splits rows only, so it needs "
+                             f"mesh.seq = 1, got {seq_shards(mesh)}", key="mesh.mode")
 
     @classmethod
     def from_config(cls, cfg, devices=None) -> "Layout":
@@ -60,6 +67,11 @@ class Layout:
         return 1 if self.mesh is None else batch_shards(self.mesh)
 
     @property
+    def seq(self) -> int:
+        """How many ways each row's tokens are split (1 on one device)."""
+        return 1 if self.mesh is None else seq_shards(self.mesh)
+
+    @property
     def replicated(self) -> NamedSharding | None:
         return None if self.mesh is None else NamedSharding(self.mesh, PartitionSpec())
 
@@ -71,14 +83,31 @@ class Layout:
             return NamedSharding(self.mesh, PartitionSpec(BATCH_AXES))
         return self.replicated
 
+    def tokens(self, shape) -> NamedSharding | None:
+        """[B, T, ...] token arrays: rows over data x fsdp (when they divide), T over seq."""
+        if self.mesh is None:
+            return None
+        rows = BATCH_AXES if shape[0] % self.shards == 0 else None
+        return NamedSharding(self.mesh, PartitionSpec(rows, "seq"))
+
     def micro(self, x) -> NamedSharding:
-        """[n, rows, ...] micro-batches: rows split over data x fsdp when they divide."""
-        if x.ndim >= 2 and x.shape[1] % self.shards == 0:
+        """[n, rows, ...] micro-batches: rows split over data x fsdp when they divide. With
+        mesh.seq > 1 the dimensions after the rows are left to GSPMD (unconstrained), so token
+        arrays keep the seq split place_batch gave them."""
+        rows = BATCH_AXES if x.ndim >= 2 and x.shape[1] % self.shards == 0 else None
+        if self.seq > 1 and x.ndim >= 3:
+            return NamedSharding(self.mesh, PartitionSpec(None, rows, PartitionSpec.UNCONSTRAINED))
+        if rows is not None:
             return NamedSharding(self.mesh, PartitionSpec(None, BATCH_AXES))
         return self.replicated
 
-    def param(self, names, shape) -> NamedSharding | None:
-        return None if self.mesh is None else named_sharding(names, shape, self.mesh)
+    def param(self, names, shape, what: str | None = None,
+              nbytes: int | None = None) -> NamedSharding | None:
+        """The sharding of a parameter by its logical names; what/nbytes (its path and size)
+        let the rules warn when an axis does not divide it (hone/parallel/rules.py)."""
+        if self.mesh is None:
+            return None
+        return named_sharding(names, shape, self.mesh, what=what, nbytes=nbytes)
 
     def check_rows(self, rows: int, key: str, what: str = "rows") -> None:
         """Batch rows must split evenly over data x fsdp."""
@@ -96,15 +125,22 @@ class Layout:
         for path, var in nnx.to_flat_state(state):
             value = var[...]
             if isinstance(value, jax.Array) or isinstance(value, np.ndarray):
-                sharding = self.param(var.get_metadata().get("out_sharding"), value.shape)
+                sharding = self.param(var.get_metadata().get("out_sharding"), value.shape,
+                                      path_key(path), value.nbytes)
                 value = jax.device_put(value, sharding)
             leaves.append((path, var.replace(value)))
         return nnx.from_flat_state(leaves)
 
     def place_model(self, model: nnx.Module) -> nnx.Module:
-        """Move a model's variables onto the mesh, in place; returns the model."""
+        """Move a model's variables onto the mesh, in place; returns the model. With mesh.seq > 1
+        a Transformer also gets the ring attention over the seq axis."""
         if self.mesh is not None:
             nnx.update(model, self.place_state(nnx.state(model)))
+        if self.seq > 1:
+            from hone.parallel.sequence import RingAttention
+            for _, node in nnx.iter_graph(model):  # the Transformer itself or one inside
+                if isinstance(node, nnx.Module) and hasattr(node, "sequence_attention"):
+                    node.sequence_attention = RingAttention(self.mesh)
         return model
 
     def place_train_state(self, state: dict[str, Any], names: dict[str, Any]) -> dict[str, Any]:
@@ -112,7 +148,7 @@ class Layout:
         params' logical names (`logical_names` of the trainable nnx.State)."""
         if self.mesh is None:
             return state
-        params = {k: jax.device_put(v, self.param(names.get(k), v.shape))
+        params = {k: jax.device_put(v, self.param(names.get(k), v.shape, k, v.nbytes))
                   for k, v in state["params"].items()}
         by_key = {k: v.sharding for k, v in params.items()}
 
@@ -133,29 +169,47 @@ class Layout:
         if self.mesh is None:
             return tree
         if names is not None and isinstance(tree, dict):
-            return {k: jax.device_put(v, self.param(names.get(k), v.shape))
+            return {k: jax.device_put(v, self.param(names.get(k), v.shape, k, v.nbytes))
                     for k, v in tree.items()}
         return jax.device_put(tree, self.replicated)
 
     def place_batch(self, batch: dict) -> dict:
-        """Every leaf with rows split over data x fsdp (replicated when they do not divide)."""
+        """Every leaf with rows split over data x fsdp (replicated when they do not divide);
+        with mesh.seq > 1, [B, T, ...] leaves (T: the length of batch["tokens"]) also split
+        their tokens over seq."""
         if self.mesh is None:
             return batch
-        return jax.tree.map(self._place_rows, batch)
+        length = None
+        if self.seq > 1 and isinstance(batch, dict) and "tokens" in batch:
+            b, length = np.shape(batch["tokens"])[:2]
+            if length % self.seq:
+                raise InputError(
+                    f"rows of {length} tokens do not split over mesh.seq = {self.seq}: the row "
+                    f"length (data.max_length; for RL the prompt plus completion tokens) must "
+                    f"be a multiple of mesh.seq", key="mesh.seq")
 
-    def _place_rows(self, x):
+        def place(x):
+            shape = np.shape(x)
+            if length is not None and len(shape) >= 2 and shape[:2] == (b, length):
+                return self._put(x, self.tokens(shape))
+            return self._put(x, self.rows(shape))
+
+        return jax.tree.map(place, batch)
+
+    def _put(self, x, sharding):
         if isinstance(x, jax.Array):
-            return jax.device_put(x, self.rows(x.shape))
+            return jax.device_put(x, sharding)
         x = np.asarray(x)
-        sharding = self.rows(x.shape)
         if jax.process_count() == 1:
             return jax.device_put(x, sharding)
-        # Each process passes the rows its devices hold (a contiguous block in process order).
-        index = sharding.addressable_devices_indices_map(x.shape)
-        starts = [s[0].start or 0 for s in index.values()] if x.ndim else [0]
-        stops = [s[0].stop or x.shape[0] for s in index.values()] if x.ndim else [0]
-        local = x[min(starts):max(stops)] if x.ndim else x
-        return jax.make_array_from_process_local_data(sharding, local, x.shape)
+        if not x.ndim:
+            return jax.make_array_from_process_local_data(sharding, x, x.shape)
+        # Each process passes the block its devices hold (contiguous in process order).
+        index = list(sharding.addressable_devices_indices_map(x.shape).values())
+        block = tuple(slice(min(s[d].start or 0 for s in index),
+                            max(x.shape[d] if s[d].stop is None else s[d].stop for s in index))
+                      for d in range(x.ndim))
+        return jax.make_array_from_process_local_data(sharding, x[block], x.shape)
 
     # ---- measuring ---------------------------------------------------------------------------
 

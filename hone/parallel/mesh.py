@@ -1,8 +1,11 @@
-"""The device mesh from the `mesh:` config section: axes `data`, `fsdp` and `tp`.
+"""The device mesh from the `mesh:` config section: axes `data`, `fsdp`, `seq` and `tp`.
 
 - `data`: batch rows are split over it, parameters are replicated (plain data parallel).
 - `fsdp`: batch rows are split over it too, and parameters and optimizer state are sharded over
   it (each device keeps 1/fsdp of them; XLA gathers a layer's weights when it needs them).
+- `seq`: each row's tokens are split over it (sequence parallelism, for rows too long for one
+  device): activations are [B, T/seq, ...] per device; attention passes keys and values around
+  the axis (hone/parallel/sequence.py); parameters are replicated over it.
 - `tp`: attention heads, MLP width and vocabulary are split over it (tensor parallel).
 
 A size of -1 takes the devices left over (the default for `data`, so a plain run uses every
@@ -23,12 +26,14 @@ from jax.sharding import AxisType, Mesh
 
 from hone.errors import InputError
 
-AXES = ("data", "fsdp", "tp")
+# Order = device order: tp innermost (the most traffic, every layer), then seq (keys and values
+# passed around a ring every layer), then fsdp and data.
+AXES = ("data", "fsdp", "seq", "tp")
 BATCH_AXES = ("data", "fsdp")  # the mesh axes batch rows are split over
 
 
-def axis_sizes(section, count: int) -> tuple[int, int, int]:
-    """(data, fsdp, tp) for `count` devices: -1 resolved, product checked."""
+def axis_sizes(section, count: int) -> tuple[int, int, int, int]:
+    """(data, fsdp, seq, tp) for `count` devices: -1 resolved, product checked."""
     sizes = [getattr(section, axis) for axis in AXES]
     fixed = math.prod(s for s in sizes if s != -1)
     if -1 in sizes:
@@ -38,22 +43,29 @@ def axis_sizes(section, count: int) -> tuple[int, int, int]:
                              f"({fixed} devices per {rest} slot)", key=f"mesh.{rest}")
         sizes[sizes.index(-1)] = count // fixed
     if math.prod(sizes) > count:
-        raise InputError(f"data x fsdp x tp = {' x '.join(map(str, sizes))} = "
-                         f"{math.prod(sizes)}, but there are only {count} device(s)", key="mesh")
+        each = ", ".join(f"mesh.{a} = {n}" for a, n in zip(AXES, sizes))
+        raise InputError(f"{each} need {math.prod(sizes)} devices (their product), but there "
+                         f"are only {count} device(s)", key="mesh")
     return tuple(sizes)
 
 
 def build_mesh(section, devices: Sequence | None = None) -> Mesh:
-    """A 3-axis mesh over `devices` (default: every device of every process). Fixed sizes
+    """A 4-axis mesh over `devices` (default: every device of every process). Fixed sizes
     whose product is smaller than the device count use the first devices only."""
     devices = list(jax.devices() if devices is None else devices)
     sizes = axis_sizes(section, len(devices))
     devices = devices[:math.prod(sizes)]
+    auto = (AxisType.Auto,) * len(AXES)
     if len(devices) == len(jax.devices()):
-        return jax.make_mesh(sizes, AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
-    return Mesh(np.array(devices).reshape(sizes), AXES, axis_types=(AxisType.Auto,) * 3)
+        return jax.make_mesh(sizes, AXES, axis_types=auto, devices=devices)
+    return Mesh(np.array(devices).reshape(sizes), AXES, axis_types=auto)
 
 
 def batch_shards(mesh: Mesh) -> int:
     """How many ways batch rows are split: data x fsdp."""
     return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def seq_shards(mesh) -> int:
+    """How many ways each row's tokens are split: seq (1 on a mesh without the axis)."""
+    return mesh.shape.get("seq", 1)

@@ -3,7 +3,9 @@ under XLA_FLAGS=--xla_force_host_platform_device_count=8; prints one JSON line p
 
     python tests/parallel/mesh_runs.py ALGO RUN_ROOT MESH... [-- key=value ...]
 
-A MESH is `data,fsdp,tp[,mode]`; `elastic` instead of ALGO runs the elastic-restore scenario.
+A MESH is `data,fsdp,tp[,seq][,mode]` (seq: tokens of each row split that many ways; e.g.
+`1,1,1,4`, `1,4,1,2`, `8,1,1,allreduce`); `elastic` instead of ALGO runs the elastic-restore
+scenario, `ring` the ring-attention check (hone/parallel/sequence.py against dense).
 """
 
 from __future__ import annotations
@@ -22,16 +24,21 @@ from hone.parallel import Layout  # noqa: E402
 
 
 def run(algo: str, run_dir: Path, mesh: str, overrides: list[str]) -> dict:
-    d, f, t, *mode = mesh.split(",")
+    d, f, t, *rest = mesh.split(",")
+    seq = next((x for x in rest if x.isdigit()), "1")
+    mode = next((x for x in rest if not x.isdigit()), "gspmd")
     cfg = load_config(COMMANDS[algo], ROOT / f"configs/tiny/{algo}.yaml", [
         f"run_dir={run_dir}", "train.max_steps=10", "log.sinks=[jsonl]", "train.eval_every=0",
-        "checkpoint.every_steps=0", "data.max_records=256", f"mesh.data={d}", f"mesh.fsdp={f}", f"mesh.tp={t}",
-        f"mesh.mode={(mode or ['gspmd'])[0]}"] + overrides)
+        "checkpoint.every_steps=0", "data.max_records=256", f"mesh.data={d}", f"mesh.fsdp={f}",
+        f"mesh.tp={t}", f"mesh.seq={seq}", f"mesh.mode={mode}"] + overrides)
     recipe = importlib.import_module(f"hone.recipes.{algo}")
-    state = getattr(recipe, f"run_{algo}")(cfg, log=lambda *a: None)[1]
+    model, state = getattr(recipe, f"run_{algo}")(cfg, log=lambda *a: None)[:2]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "loss" in r]
-    return {"mesh": mesh, "steps": [r["step"] for r in rows], "loss": [r["loss"] for r in rows],
+    # Which attention ran across the seq axis (None: no seq axis, attention within each row).
+    ring = type(getattr(model, "sequence_attention", None)).__name__
+    return {"mesh": mesh, "ring": ring, "steps": [r["step"] for r in rows],
+            "loss": [r["loss"] for r in rows],
             "grad_norm": [r["grad_norm"] for r in rows],
             "device_bytes": Layout.device_bytes({"params": state["params"],
                                                  "opt_state": state["opt_state"]})}
@@ -73,10 +80,103 @@ def replica_check() -> None:
                       "replicated": count_replicated(tree)}), flush=True)
 
 
+def ring_check() -> None:
+    """hone.parallel.sequence on 8 devices: ring attention against dense (outputs and the
+    gradients of q, k and v) for masks with left and right padding, packed segments, a sliding
+    window with a soft-cap, and shared-prefix branches, on (seq 4) and (fsdp 2, seq 2, tp 2);
+    place_batch's token split and its error for rows seq does not divide; place_model's hook."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from hone.config import MeshSection
+    from hone.errors import InputError
+    from hone.models.attention import dense_attention
+    from hone.models.config import PRESETS
+    from hone.models.masks import MaskSpec
+    from hone.models.transformer import Transformer
+    from hone.parallel.mesh import build_mesh
+    from hone.parallel.sequence import RingAttention
+
+    b, t, n, kv, h = 4, 16, 4, 2, 8
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.normal(size=s), jnp.float32)
+               for s in [(b, t, n, h), (b, t, kv, h), (b, t, kv, h)])
+    valid = jnp.asarray(np.array([[0] * 3 + [1] * 13, [1] * 10 + [0] * 6] * 2), bool)
+    slots = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    segment = jnp.asarray(np.array([[0] * 7 + [1] * 9, [0] * 5 + [1] * 11] * 2), jnp.int32)
+    branch = jnp.asarray(np.array([[0] * 6 + [1] * 5 + [2] * 5] * b), jnp.int32)
+    position = jnp.asarray(np.array([list(range(11)) + list(range(6, 11))] * b), jnp.int32)
+    specs = {"padding": (MaskSpec(slots, slots, valid), None),
+             "segments": (MaskSpec(slots, slots, valid, None, segment, segment), None),
+             "window": (MaskSpec(slots, slots, valid, 5), 5.0),
+             "branches": (MaskSpec(position, position, valid[::-1], None, None, None, branch,
+                                   branch), None)}
+    weight = jnp.cos(jnp.arange(n * h, dtype=jnp.float32)).reshape(n, h)  # a loss of all outputs
+    errors, permutes = {}, {}
+    for shape in ({"seq": 4}, {"data": 1, "fsdp": 2, "seq": 2, "tp": 2}):
+        mesh = build_mesh(MeshSection(**({"data": 1} | shape)))
+        ring = RingAttention(mesh)
+        # The ring really runs (not the fallback): its forward passes blocks by collective permutes.
+        hlo = jax.jit(lambda q, k, v: ring(q, k, v, specs["padding"][0], scale=0.3)).lower(
+            q, k, v).compile().as_text()
+        permutes[str(dict(mesh.shape))] = hlo.count("collective-permute(")
+        for name, (spec, cap) in specs.items():
+            def run(q, k, v, attend):
+                out = attend(q, k, v)
+                return (out * weight).sum(), out
+            dense = lambda q, k, v: dense_attention(  # noqa: E731
+                q, k, v, spec.build(), scale=0.3, softcap=cap)[0]
+            # block=2: each device's 4 or 8 queries are scored in chunks of 2 per ring step
+            split = lambda q, k, v: ring(q, k, v, spec, scale=0.3, softcap=cap,  # noqa: E731
+                                         block=2)
+            want = jax.grad(run, argnums=(0, 1, 2), has_aux=True)(q, k, v, dense)
+            got = jax.jit(jax.grad(run, argnums=(0, 1, 2), has_aux=True),
+                          static_argnums=3)(q, k, v, split)
+            errors[f"{dict(mesh.shape)}/{name}"] = max(float(jnp.max(jnp.abs(x - y))) for x, y in
+                                            zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+    layout = Layout(build_mesh(MeshSection(data=1, fsdp=2, seq=2, tp=2)))
+    batch = layout.place_batch({"tokens": np.zeros((4, 16), np.int32),
+                                "loss_mask": np.zeros((4, 16, 3), np.float32),
+                                "score_index": np.zeros((4, 2, 16), np.int32)})
+    try:
+        layout.place_batch({"tokens": np.zeros((4, 15), np.int32)})
+        error = ""
+    except InputError as e:
+        error = str(e)
+    # The whole tiny model on that layout, with the default positions (a cumsum along the
+    # seq-split tokens) and left padding: logits and parameter gradients as on one device.
+    from flax import nnx
+    model = Transformer(PRESETS["tiny"])
+    tokens = rng.integers(0, 256, (4, 16)).astype(np.int32)
+    mask = np.array(valid, np.int32)
+
+    def loss(model, tokens, mask):
+        logits = model(tokens, attention_mask=mask)  # [B, T, V]
+        return (logits * jnp.sin(jnp.arange(logits.shape[-1]))).sum(), logits
+
+    grad = nnx.jit(nnx.grad(loss, has_aux=True))
+    want_g, want = grad(model, tokens, mask)
+    layout.place_model(model)
+    placed = layout.place_batch({"tokens": tokens, "attention_mask": mask})
+    got_g, got = grad(model, placed["tokens"], placed["attention_mask"])
+    errors["model"] = max(float(jnp.max(jnp.abs(x - y)) / (1.0 + jnp.max(jnp.abs(y))))
+                          for x, y in zip(jax.tree.leaves((got_g, got)),
+                                          jax.tree.leaves((want_g, want))))
+    print(json.dumps({"name": "ring", "errors": errors,
+                      "permutes": permutes,
+                      "specs": {k: str(x.sharding.spec) for k, x in batch.items()},
+                      "error": error,
+                      "hook": type(model.sequence_attention).__name__}), flush=True)
+
+
 def main(argv: list[str]) -> None:
     overrides = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
     algo, root, meshes = argv[0], Path(argv[1]), argv[2:]
+    if algo == "ring":
+        ring_check()
+        return
     if algo == "elastic":
         elastic(root, overrides)
         replica_check()

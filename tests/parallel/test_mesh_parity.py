@@ -1,5 +1,6 @@
 """Tiny SFT, DPO and GRPO on 8 host devices: every mesh shape gives the single-device loss
-trajectory (1e-5 relative over 10 steps), the explicit all-reduce mode too; parameter plus
+trajectory (1e-5 relative over 10 steps), the explicit all-reduce mode and sequence
+parallelism (rows' tokens split over mesh.seq, ring attention) too; parameter plus
 optimizer bytes per device fall as 1/fsdp; a checkpoint written on one mesh continues on others.
 
 Each test runs tests/parallel/mesh_runs.py in a subprocess, since the device count is fixed
@@ -19,11 +20,15 @@ import pytest
 from hostenv import host_devices_env
 
 ROOT = Path(__file__).resolve().parents[2]
-MESHES = ["1,1,1", "8,1,1", "1,8,1", "1,1,8", "2,2,2", "8,1,1,allreduce"]
+# data,fsdp,tp[,seq][,mode]: the two seq shapes split each row's tokens 4 ways, and 2 ways
+# with the rows over fsdp=4 (tests/parallel/mesh_runs.py).
+SEQ = ["1,1,1,4", "1,4,1,2"]
+MESHES = ["1,1,1", "8,1,1", "1,8,1", "1,1,8", "2,2,2", "8,1,1,allreduce"] + SEQ
 # DPO and GRPO add pair-keeping splits and rollouts to what SFT covers on every shape: every
 # axis at once covers those, and DPO's pairs in the all-reduce mode (each mesh is one more
-# compile; GRPO's rows split like SFT's there).
-FEW = ["1,1,1", "2,2,2", "8,1,1,allreduce"]
+# compile; GRPO's rows split like SFT's there). Both also run the seq shapes: their rows (DPO's
+# pairs, GRPO's prompt + completion rows) are split along the tokens there.
+FEW = ["1,1,1", "2,2,2", "8,1,1,allreduce"] + SEQ
 
 
 def mesh_runs(tmp_path, *args) -> list[dict]:
@@ -45,11 +50,19 @@ def assert_same_trajectory(run: dict, base: dict, floor: float = 0.0) -> None:
                                atol=1e-5 * floor, err_msg=run["mesh"])
 
 
+def assert_ring_on_seq_meshes(runs: list[dict]) -> None:
+    """The seq meshes trained with ring attention, the others without any."""
+    for run in runs:
+        want = "RingAttention" if run["mesh"] in SEQ else "NoneType"
+        assert run["ring"] == want, run["mesh"]
+
+
 def test_sft_on_every_mesh_matches_one_device_and_fsdp_shards_the_state(tmp_path):
     runs = mesh_runs(tmp_path, "sft", *MESHES)
     assert [r["mesh"] for r in runs] == MESHES
     for run in runs[1:]:
         assert_same_trajectory(run, runs[0])
+    assert_ring_on_seq_meshes(runs)
     one, fsdp8 = runs[0]["device_bytes"], runs[2]["device_bytes"]
     print(f"\nparams + optimizer bytes per device: 1 device {one}, fsdp=8 {fsdp8} "
           f"(ratio {one / fsdp8:.2f})")
@@ -61,8 +74,10 @@ def test_sft_on_every_mesh_matches_one_device_and_fsdp_shards_the_state(tmp_path
 def test_dpo_on_every_mesh_matches_one_device(tmp_path):
     """Also covers pair_split: each device / micro-batch keeps chosen rows with their pairs."""
     runs = mesh_runs(tmp_path, "dpo", *FEW)
+    assert [r["mesh"] for r in runs] == FEW
     for run in runs[1:]:
         assert_same_trajectory(run, runs[0])
+    assert_ring_on_seq_meshes(runs)
 
 
 def test_grpo_on_every_mesh_matches_one_device(tmp_path):
@@ -70,9 +85,11 @@ def test_grpo_on_every_mesh_matches_one_device(tmp_path):
     reference), which Adam scales up to a full step, so the trajectories part at the roundoff
     of each mesh's reduction order, not through any error. The first step's loss is 0 up to
     roundoff (all advantages 0), hence the absolute floor."""
-    runs = mesh_runs(tmp_path, "grpo", *FEW[:2], "--", "grpo.kl_kind=k1")
+    runs = mesh_runs(tmp_path, "grpo", *FEW[:2], *SEQ, "--", "grpo.kl_kind=k1")
+    assert [r["mesh"] for r in runs] == FEW[:2] + SEQ
     for run in runs[1:]:
         assert_same_trajectory(run, runs[0], floor=1e-3)
+    assert_ring_on_seq_meshes(runs)
 
 
 def test_checkpoint_from_one_mesh_continues_on_others(tmp_path):

@@ -13,8 +13,8 @@ from hone.parallel.mesh import axis_sizes
 from hone.parallel.rules import partition_spec
 
 
-def mesh(data=1, fsdp=1, tp=1):
-    return SimpleNamespace(shape={"data": data, "fsdp": fsdp, "tp": tp})
+def mesh(data=1, fsdp=1, tp=1, seq=1):
+    return SimpleNamespace(shape={"data": data, "fsdp": fsdp, "seq": seq, "tp": tp})
 
 
 def test_names_map_to_mesh_axes():
@@ -25,6 +25,9 @@ def test_names_map_to_mesh_axes():
     assert partition_spec(("embed", "heads", "head_dim"), (64, 4, 16), m) == P("fsdp", "tp")
     assert partition_spec(("embed", "lora_rank"), (64, 8), m) == P("fsdp")
     assert partition_spec(("batch", "seq"), (8, 96), m) == P(("data", "fsdp"))
+    # activations' tokens over the sequence-parallel axis
+    assert partition_spec(("batch", "seq", "embed"), (8, 96, 64), mesh(2, 1, 1, seq=4)) == P(
+        "data", "seq")
 
 
 def test_axes_that_do_not_divide_or_repeat_or_have_size_one_are_left_out():
@@ -43,16 +46,45 @@ def test_axes_that_do_not_divide_or_repeat_or_have_size_one_are_left_out():
 
 
 def test_mesh_sizes_resolve_minus_one_and_reject_bad_shapes():
-    assert axis_sizes(MeshSection(), 8) == (8, 1, 1)  # default: data parallel over all
-    assert axis_sizes(MeshSection(data=2, fsdp=-1, tp=2), 8) == (2, 2, 2)
-    assert axis_sizes(MeshSection(data=1, fsdp=1, tp=1), 8) == (1, 1, 1)  # first device only
+    # (data, fsdp, seq, tp)
+    assert axis_sizes(MeshSection(), 8) == (8, 1, 1, 1)  # default: data parallel over all
+    assert axis_sizes(MeshSection(data=2, fsdp=-1, tp=2), 8) == (2, 2, 1, 2)
+    assert axis_sizes(MeshSection(data=1, fsdp=1, tp=1), 8) == (1, 1, 1, 1)  # first device only
+    assert axis_sizes(MeshSection(seq=4), 8) == (2, 1, 4, 1)  # data takes the rest
     with pytest.raises(InputError, match="mesh.fsdp"):
         axis_sizes(MeshSection(data=3, fsdp=-1), 8)
+    with pytest.raises(InputError, match="mesh.data"):
+        axis_sizes(MeshSection(seq=3), 8)
     with pytest.raises(InputError, match="only 8 device"):
         axis_sizes(MeshSection(data=4, fsdp=4), 8)
+    with pytest.raises(InputError, match="mesh.seq = 16.*only 8 device"):
+        axis_sizes(MeshSection(data=1, seq=16), 8)
+    from hone.config import SFTConfig
     with pytest.raises(InputError, match="only one mesh axis"):
-        from hone.config import SFTConfig
         SFTConfig(mesh=MeshSection(data=-1, fsdp=-1))
+    with pytest.raises(InputError, match="mesh.seq"):
+        SFTConfig(mesh=MeshSection(data=-1, seq=-1))
+
+
+def test_an_axis_that_does_not_divide_a_large_array_is_a_warning_once_per_kind_of_weight():
+    import warnings
+
+    from hone.parallel import rules
+    rules._warned.clear()
+    m = mesh(tp=8)
+    big = rules.WARN_BYTES
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for layer in range(3):  # 9 heads on tp=8: one warning for all the layers' q kernels
+            partition_spec(("embed", "heads", "head_dim"), (576, 9, 64), m,
+                           what=f"layers/{layer}/attn/q/kernel", nbytes=big)
+        # small arrays, arrays that divide, and arrays given without a size stay quiet
+        partition_spec(("embed", "heads"), (64, 9), m, what="small", nbytes=big - 1)
+        partition_spec(("embed", "heads"), (64, 16), m, what="divides", nbytes=big)
+        partition_spec(("embed", "heads"), (64, 9), m)
+    assert [str(w.message) for w in caught] == [
+        "layers/*/attn/q/kernel [576, 9, 64] (1,048,576 bytes) is not split over mesh.tp=8: "
+        "its heads dimension (9) is not a multiple, so each device keeps a whole copy along it"]
 
 
 def test_batches_must_split_over_the_mesh_and_allreduce_needs_replicated_parameters():
@@ -67,3 +99,5 @@ def test_batches_must_split_over_the_mesh_and_allreduce_needs_replicated_paramet
         check_layout(SFTConfig(train=t), Layout(mesh(data=8), "allreduce"))
     with pytest.raises(InputError, match="mesh.mode.*fsdp = mesh.tp = 1"):
         Layout(mesh(data=4, fsdp=2), "allreduce")
+    with pytest.raises(InputError, match="mesh.mode.*mesh.seq = 1"):
+        Layout(mesh(data=4, seq=2), "allreduce")

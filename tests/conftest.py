@@ -27,6 +27,8 @@ SLOW_FIRST = (
     "models/test_real_models.py",
     "test_tokenizer.py",
     "parallel/test_profile.py",
+    "parallel/test_sequence.py",
+    "sampling/test_long.py",
 )
 
 

@@ -24,7 +24,8 @@ from hone.errors import InputError
 from hone.models.linear import Linear
 from hone.models.loading import load_model
 from hone.models.transformer import Transformer
-from hone.train.state import also_train, top_blocks
+from hone.train.build import prepare_for_training
+from hone.train.state import also_train
 
 
 class DistillStudent(nnx.Module):
@@ -99,22 +100,11 @@ def layer_maps(cfg, student_layers: int, teacher_layers: int) -> dict[str, tuple
 
 def build_student(cfg, teacher_width: int):
     """(DistillStudent, trainable filter)."""
-    from hone.models.lora import LoRAParam, apply_lora
     model = load_model(cfg.model.source, dtype=cfg.model.dtype, seed=cfg.train.seed)
     if cfg.distill.student_layers:
         keep_layers(model, cfg.distill.student_layers, "distill.student_layers")
-    lora = cfg.model.lora
-    trainable = nnx.Param
-    if lora.rank > 0:
-        apply_lora(model, rank=lora.rank, alpha=lora.alpha, targets=lora.targets,
-                   dropout=lora.dropout, quantize=lora.quantize, rngs=nnx.Rngs(cfg.train.seed))
-        trainable = LoRAParam
-    if cfg.model.train_layers is not None:
-        trainable = nnx.All(trainable, top_blocks(model, cfg.model.train_layers))
-    trainable = also_train(trainable, "projections")  # the feature projections always train
-    model.remat = cfg.train.remat
-    model.attention = cfg.model.attention
-    model.head_chunk = cfg.train.head_chunk
+    # the feature projections always train
+    trainable = also_train(prepare_for_training(model, cfg), "projections")
     d = cfg.distill
     pairs = max(len(d.feature_layers), 1) if d.feature_weight else 0
     student = DistillStudent(model, pairs, teacher_width, cfg.train.seed)

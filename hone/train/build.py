@@ -27,8 +27,15 @@ from hone.train.step import make_eval_step, make_train_step, row_split
 def build_model(cfg, *, layout=None, log=print):
     """The model to train, with adapters when model.lora.rank > 0; and its trainable filter.
     With a sharded `layout` the base weights are loaded straight onto their shardings."""
-    from hone.models.lora import LoRAParam, apply_lora
     model = load_model(cfg.model.source, dtype=cfg.model.dtype, layout=layout)
+    return model, prepare_for_training(model, cfg)
+
+
+def prepare_for_training(model, cfg):
+    """What the config asks of a loaded model before training: LoRA adapters (model.lora), the
+    blocks that train (model.train_layers), and the static settings of its forward pass
+    (train.remat, model.attention, train.head_chunk). Returns the trainable filter."""
+    from hone.models.lora import LoRAParam, apply_lora
     lora = cfg.model.lora
     trainable = nnx.Param
     if lora.rank > 0:
@@ -40,7 +47,7 @@ def build_model(cfg, *, layout=None, log=print):
     model.remat = cfg.train.remat
     model.attention = cfg.model.attention
     model.head_chunk = cfg.train.head_chunk
-    return model, trainable
+    return trainable
 
 
 def build_reward_model(cfg, layout=None):

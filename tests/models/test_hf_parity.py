@@ -26,6 +26,19 @@ def test_logits_match_transformers(name, tmp_path):
     assert max_diff_on_real_tokens(ours, theirs, mask) <= TOL
 
 
+@pytest.mark.parametrize("name", ["llama", "qwen3", "gemma2", "gemma3_text"])
+def test_blockwise_attention_logits_match_transformers(name, tmp_path):
+    """The same comparison with blockwise attention (the path of rows longer than one block)
+    over blocks of 4 positions: several blocks, skipped ones, and a sliding window shorter than
+    the row where the family has one."""
+    ref, folder = hf_model(name, tmp_path)
+    tokens, mask, positions = batch()
+    model = hone.load_model(folder, dtype="float32")
+    model.attention, model.attention_block = "blockwise", 4
+    ours = np.asarray(model(tokens, attention_mask=mask))
+    assert max_diff_on_real_tokens(ours, hf_logits(ref, tokens, mask, positions), mask) <= TOL
+
+
 @pytest.mark.parametrize("name", ["llama", "qwen2", "gemma2", "gemma3_text"])
 def test_save_hf_round_trip(name, tmp_path):
     ref, folder = hf_model(name, tmp_path)

@@ -63,7 +63,8 @@ def rss_kb(pid: int) -> int:
 def watched(cmd: list[str], timeout: float, max_gb: float) -> tuple[list[dict], str, float]:
     """Run one process, polling its RSS twice a second; (JSON lines, status, watched peak GB).
     status is "ok", "out of memory (killed at N GB)" or "over T s"."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_driver.child_env())  # this checkout's hone
     t0, peak, status = time.monotonic(), 0.0, "ok"
     while proc.poll() is None:
         peak = max(peak, rss_kb(proc.pid) / 1e6)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -62,7 +63,8 @@ def rss_kb(pid: int) -> int:
 
 def watched(cmd: list[str], timeout: float, max_gb: float) -> tuple[list[dict], str, float]:
     """Run one process, polling its RSS twice a second; (JSON lines, status, watched peak GB).
-    status is "ok", "out of memory (killed at N GB)" or "over T s"."""
+    status is "ok", "out of memory (killed at N GB)" (or "(XLA asked for N GB)" when XLA
+    could not allocate its buffers), "over T s" or "failed (exit code N)"."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=_driver.child_env())  # this checkout's hone
     t0, peak, status = time.monotonic(), 0.0, "ok"
@@ -77,8 +79,11 @@ def watched(cmd: list[str], timeout: float, max_gb: float) -> tuple[list[dict], 
             break
         time.sleep(0.5)
     out, err = proc.communicate()
+    asked = re.search(r"RESOURCE_EXHAUSTED: Out of memory allocating (\d+) bytes", err)
     if status == "ok" and proc.returncode == -9:  # the kernel's out-of-memory killer
         status = f"out of memory (killed by the system at {peak:.1f} GB)"
+    elif status == "ok" and asked:  # XLA could not allocate the program's buffers
+        status = f"out of memory (XLA asked for {int(asked.group(1)) / 1e9:.1f} GB)"
     elif status == "ok" and proc.returncode != 0:
         sys.stderr.write(err[-3000:])
         status = f"failed (exit code {proc.returncode})"

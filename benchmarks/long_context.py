@@ -114,6 +114,8 @@ def run(args) -> list[dict]:
             if rows:
                 r = rows[-1]
                 rec |= {k: r[k] for k in ("first_s", "median_s", "peak_rss_mb", "first_loss")}
+                if rec["median_s"] != rec["median_s"]:  # nan: --repeats 0, first step only
+                    rec["median_s"] = None  # (strict JSON in figures/)
             else:
                 rec["peak_rss_mb"] = round(peak * 1e3, 1)  # the watched peak when it was killed
             print(f"  {json.dumps(rec)}", flush=True)
@@ -133,7 +135,7 @@ def _step(rec: dict | None, field: str) -> str:
     if rec["status"] != "ok":
         return rec["status"] if field == "first_s" else "-"
     v = rec.get(field)
-    return "-" if v is None or v != v else f"{v:.1f}"  # v != v: nan, no repeats
+    return "-" if v is None else f"{v:.1f}"  # None: no repeats
 
 
 def table(recs: dict, impls, lengths) -> str:
@@ -166,7 +168,7 @@ def goal_lines(recs: dict) -> list[str]:
         return "met" if ok else "NOT met"
     out = ["Goals (the long-sequence issue):"]
     h, t = _ok(recs, "hone", 2048), _ok(recs, "torch", 2048)
-    if h and t and h["median_s"] == h["median_s"] and t["median_s"] == t["median_s"]:
+    if h and t and h["median_s"] is not None and t["median_s"] is not None:
         out.append(f"- 2k: hone ahead of PyTorch in step time ({h['median_s']:.1f} vs "
                    f"{t['median_s']:.1f} s) and peak memory ({_gb(h)} vs {_gb(t)} GB): "
                    f"{verdict(h['median_s'] < t['median_s'] and h['peak_rss_mb'] < t['peak_rss_mb'])}")
@@ -191,7 +193,7 @@ def goal_lines(recs: dict) -> list[str]:
         out.append("- memory above model state at 16k at most ~8-10x that at 2k: not measured")
     a, b = _ok(recs, "hone", 1024), _ok(recs, "hone", 8192)
     if a and b:
-        per = [r["first_s"] if r["median_s"] != r["median_s"] else r["median_s"] for r in (a, b)]
+        per = [r["first_s"] if r["median_s"] is None else r["median_s"] for r in (a, b)]
         ratio = (per[1] / 8192) / (per[0] / 1024)
         out.append(f"- step time per token at 8k {ratio:.2f}x that at 1k (at most 1.5x; "
                    "compares medians, or first steps where a length ran only one; load "

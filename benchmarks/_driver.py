@@ -14,6 +14,7 @@
 - `cpu_busy()`: how many cores other work kept busy just before a measurement.
 - `run_json(impl, cmd, ...)`: run one benchmark process (never two at once), echo and return the
   JSON lines it prints, and record the core-busy sample taken just before it started.
+- `child_env()`: its environment, with this checkout's hone first on PYTHONPATH.
 - `versions()`: package versions of the main venv and the Tunix venv.
 - `write_section(title, text)`: replace one "## title" section of RESULTS.md, keeping the rest.
 """
@@ -191,7 +192,7 @@ def run_json(impl: str, cmd: list[str], *, timeout: float, busy: list[float]) ->
     print(f"  (cores busy with other work just before start: {b:.2f} of {os.cpu_count()})",
           flush=True)
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env())
     if r.returncode != 0:
         sys.stderr.write(r.stderr[-4000:])
         raise SystemExit(f"{impl} failed with exit code {r.returncode}")
@@ -200,6 +201,15 @@ def run_json(impl: str, cmd: list[str], *, timeout: float, busy: list[float]) ->
         print(f"  {json.dumps(row)}", flush=True)
     print(f"  ({impl}: {time.perf_counter() - t0:.0f} s in all)", flush=True)
     return rows
+
+
+def child_env() -> dict:
+    """The environment of a benchmark process: PYTHONPATH starts with this checkout, so it
+    times the checkout's hone (a script's own folder, not the working directory, heads its
+    sys.path, so it would otherwise import whichever hone the venv has installed)."""
+    extra = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent)] + ([extra] if extra
+                                                                              else []))}
 
 
 def busy_line(busy: list[float]) -> str:

@@ -1,12 +1,13 @@
 """`make bench`: every side-by-side driver, then one summary of the speed goals.
 
-Runs decode.py, train.py, dpo.py and grpo.py (each with --write, so each rewrites its own
-RESULTS.md section and adds its run, dated, to the tracked benchmarks/figures/DRIVER.json)
-one after another, never in parallel. From every driver's figures, each (impl, row) taken from
-the newest run that measured it (_figures.py says why a tracked file), this script writes the
-"## Summary" section near the top of RESULTS.md: one table with every row (sft, lora, dpo,
-decode batch 8 and 32, grpo, and hone's bf16 rows) x hone, Tunix and PyTorch (median step
-seconds, or tokens per second for decode; first-step seconds; peak RSS), the date of the run
+Runs decode.py, train.py (twice: 4 x 128 rows, then one row of 2,048 tokens), dpo.py and
+grpo.py (each with --write, so each rewrites its own RESULTS.md section and adds its run, dated,
+to the tracked benchmarks/figures/DRIVER.json) one after another, never in parallel. From every
+driver's figures, each (impl, row) taken from the newest run that measured it (_figures.py says
+why a tracked file), this script writes the "## Summary" section near the top of RESULTS.md:
+one table with every row (sft, lora, sft 1 x 2048, dpo, decode batch 8 and 32, grpo, and
+hone's bf16 rows) x hone, Tunix and PyTorch (median step seconds, or tokens per second for
+decode; first-step seconds; peak RSS), the date of the run
 each row comes from, hone's speed-up over each and the goals (2x Tunix, 2.5x PyTorch) met,
 NOT met or not run (with the reason), and the chart benchmarks/results.png of the speed-ups.
 Rerunning one driver alone and then `--summary-only` replaces that driver's rows and keeps the
@@ -36,6 +37,7 @@ DRIVERS = ("decode", "train", "dpo", "grpo")  # the order they run in
 # A row name "X-bf16" is hone with bf16 compute (fp32 master weights, optimizer and loss),
 # compared with the others' fp32 row X (the issue's precision policy row).
 ROWS = (("sft", "train", "sft", "step"), ("lora", "train", "lora", "step"),
+        ("sft 1 x 2048", "train", "sft 1x2048", "step"),
         ("dpo", "dpo", "dpo", "step"), ("decode batch 8", "decode", "decode-8", "tok/s"),
         ("decode batch 32", "decode", "decode-32", "tok/s"), ("grpo", "grpo", "grpo", "step"),
         ("sft, hone bf16", "train", "sft-bf16", "step"),
@@ -44,6 +46,11 @@ ROWS = (("sft", "train", "sft", "step"), ("lora", "train", "lora", "step"),
         ("decode batch 8, hone bf16", "decode", "decode-8-bf16", "tok/s"),
         ("decode batch 32, hone bf16", "decode", "decode-32-bf16", "tok/s"))
 DRIVER_FLAGS = {"train": ["--bf16"], "dpo": ["--bf16"]}  # what each driver runs besides the shared flags
+# The driver runs in order: (driver, its own flags; None: DRIVER_FLAGS). The second train.py run
+# is one row of 2,048 tokens (its own section and "sft 1x2048" records), so the suite measures
+# more than 128-token rows.
+LONG_ROW = ["--rows", "sft", "--batch", "1", "--seq-len", "2048"]
+RUNS = (("decode", None), ("train", None), ("train", LONG_ROW), ("dpo", None), ("grpo", None))
 IMPLS = ("hone", "tunix", "torch")
 # (driver, impl) pairs with no figures by design, and why (the Summary says it in their place).
 NOT_RUN = {("grpo", "torch"): "PyTorch has no GRPO driver"}
@@ -210,13 +217,14 @@ def section(rows: list[dict], command: str) -> str:
         f"![hone speed-up per row]({CHART.name})", ""])
 
 
-def run_driver(name: str, flags: list[str]) -> None:
-    """Run benchmarks/NAME.py --write (its own process; it runs its implementations one at a
-    time), which rewrites its section and adds its run to figures/NAME.json."""
+def run_driver(name: str, flags: list[str], own: list[str] | None = None) -> None:
+    """Run benchmarks/NAME.py --write with the shared `flags` and its `own` (default
+    DRIVER_FLAGS[name]) in its own process (it runs its implementations one at a time), which
+    rewrites its section and adds its run to figures/NAME.json."""
     saved = _figures.FIGURES / f"{name}.json"
     before = _figures.load_runs(saved)
     cmd = [sys.executable, str(HERE / f"{name}.py"), "--write", *flags,
-           *DRIVER_FLAGS.get(name, [])]
+           *(DRIVER_FLAGS.get(name, []) if own is None else own)]
     print(f"== {' '.join(cmd[1:])}", flush=True)
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True)
@@ -241,8 +249,8 @@ def main():
     if args.summary_only:
         flags = ["--summary-only"]
     else:
-        for name in DRIVERS:
-            run_driver(name, flags)
+        for name, own in RUNS:
+            run_driver(name, flags, own)
     figures = _figures.load(DRIVERS)
     rows = collect(figures)
     text = section(rows, " ".join(["benchmarks/suite.py", *flags]))

@@ -69,7 +69,7 @@ def summarize(rows: list[dict], impls, names, tokens: int) -> dict:
 
 
 def base_row(name: str) -> str:
-    return name.split("-")[0]  # "sft-bf16" is compared with the others' fp32 "sft"
+    return name.replace("-bf16", "")  # "sft-bf16" is compared with the others' fp32 "sft"
 
 
 def ratio(summary, name, other):
@@ -139,8 +139,15 @@ def main():
     if args.bf16 and "hone" not in impls:
         ap.error("--bf16 runs hone: include hone in --impls")
 
+    # A shape other than the default 4 x 128 gets its own row names ("sft 1x2048"), RESULTS.md
+    # section and figure records, so it never replaces the default shape's.
+    tag = "" if (args.batch, args.seq_len) == (4, 128) else f" {args.batch}x{args.seq_len}"
+    if tag:
+        args.title += f", {args.batch} x {args.seq_len}"
     results = _driver.run_rounds(args, lambda impl: jobs(impl, args))
-    names = rows + ([f"{r}-bf16" for r in rows] if args.bf16 else [])
+    for r in results:
+        r["row"] += tag
+    names = [r + tag for r in rows] + ([f"{r}-bf16{tag}" for r in rows] if args.bf16 else [])
     summary = summarize(results, impls, names, args.batch * args.seq_len)
     vers = _driver.versions(main_pkgs=("jax", "flax", "torch", "transformers", "peft"))
     settings = (f"one optimizer step on {args.batch} x {args.seq_len} random tokens (all real, "
@@ -153,6 +160,8 @@ def main():
                 "implementation and row, run one at a time, order rotated per round. Peak RSS "
                 "is the process's peak resident memory (model, optimizer state, compile).")
     notes, flags = [], " --bf16" if args.bf16 else ""
+    if tag:
+        flags += f" --rows {','.join(args.rows)} --batch {args.batch} --seq-len {args.seq_len}"
     if args.bf16:
         notes = ["", "Rows ending in -bf16 are hone with `precision=\"bf16\"` (bf16 compute, fp32 "
                  "master weights and optimizer state); their ratios (marked *) compare with "
@@ -164,7 +173,7 @@ def main():
             speed_table(summary, impls, names), *notes, "",
             "First step (trace, compile and run) and peak resident memory:", "",
             cost_table(summary, impls, names), ""],
-        goal_lines(summary, rows, impls), flags=flags), "train.py",
+        goal_lines(summary, [r + tag for r in rows], impls), flags=flags), "train.py",
         [{"impl": i, "row": n, **s} for (i, n), s in summary.items()], flags)
 
 

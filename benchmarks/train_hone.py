@@ -9,6 +9,7 @@ one row per process for a per-row figure, as train.py does). Prints one JSON lin
 
     .venv/bin/python benchmarks/train_hone.py --repeats 5
     .venv/bin/python benchmarks/train_hone.py --rows sft --precision bf16
+    .venv/bin/python benchmarks/train_hone.py --rows sft --batch 1 --seq-len 2048 --remat full
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def main():
     args = train_args(__doc__.splitlines()[0], precision=True)
     for row in args.rows:
         got = train_row(row, "smollm2-135m", args.batch, args.seq_len, args.repeats,
-                        args.precision, args.seed)
+                        args.precision, args.seed, remat=args.remat)
         name = row if args.precision == "fp32" else f"{row}-{args.precision}"
         emit_train("hone", name, got.tokens, got.first_s, got.median_s, got.first_loss)
 

@@ -10,10 +10,12 @@ What is timed, per step (wall clock): `loss = model(input_ids, attention_mask,
 labels=input_ids).loss; loss.backward(); clip_grad_norm_(trainable, 1.0); opt.step();
 opt.zero_grad(); loss.item()`. transformers shifts the labels, so the loss scores T-1 targets per
 row of T tokens. First step is first_s; median_s is the median of the next --repeats steps.
-Batch: B rows of T random ids, all real tokens, the same batch every step. Prints one JSON line
-per row.
+Batch: B rows of T random ids, all real tokens, the same batch every step. --remat other than
+"none" turns on `model.gradient_checkpointing_enable()` (each decoder layer recomputed in the
+backward pass, as hone's remat "full"). Prints one JSON line per row.
 
     .venv/bin/python benchmarks/train_torch.py --repeats 5
+    .venv/bin/python benchmarks/train_torch.py --rows sft --batch 1 --seq-len 2048 --remat full
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ def run_row(row: str, args) -> None:
         model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0,
                                                  target_modules=LORA_MODULES, bias="none",
                                                  task_type="CAUSAL_LM"))
+    if args.remat != "none":  # recompute each layer's activations in the backward pass
+        model.gradient_checkpointing_enable()
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     if row == "lora":

@@ -4,7 +4,8 @@ rows; grpo is hone/bench/grpo.py. Each returns a `Measured`.
 Every row runs what the matching command runs, on a model from `hone.load_model(source)` (random
 init for a preset such as `smollm2-135m` or `tiny`):
 - sft / lora: the step hone/recipes/sft.py wires: the model's `remat` (train.remat),
-  `split_model`, `build_optimizer` (AdamW, constant lr 1e-4, global-norm clipping at 1.0),
+  `attention` and `head_chunk` (model.attention and train.head_chunk at their config defaults,
+  as `build_model` sets them), `split_model`, `build_optimizer` (AdamW, constant lr 1e-4, global-norm clipping at 1.0),
   `new_train_state` and `make_train_step(..., sft_step_loss, target_tokens, accum=1,
   precision)`: one jitted, state-donating function doing forward, masked next-token loss,
   gradients, clipping and the update. lora: `apply_lora` rank
@@ -105,6 +106,7 @@ def train_row(row: str, model: str = "smollm2-135m", batch: int = 4, seq: int = 
     """One training step, row "sft" (every parameter) or "lora" (adapters only); `remat` is
     the blocks' gradient checkpointing (train.remat's settings)."""
     import hone
+    from hone.config.schema import ModelSection, TrainSection
     from hone.models.lora import LoRAParam, apply_lora
     from hone.recipes.sft import sft_step_loss, target_tokens
     from hone.train.optimizer import build_optimizer
@@ -115,7 +117,12 @@ def train_row(row: str, model: str = "smollm2-135m", batch: int = 4, seq: int = 
     log(f"{row}: building {model}, batch {batch} x seq {seq}, {precision}, remat {remat}")
     net = hone.load_model(model, seed=seed)
     assert_fp32(net)
-    net.remat = remat  # as run_sft sets it from train.remat; static, so in the step's graphdef
+    # As build_model sets them from the config (train.remat, model.attention, train.head_chunk;
+    # the last two at their defaults): static, so in the step's graphdef. Without head_chunk the
+    # row would form the full [B, T, V] logits that `hone sft` never does past one chunk.
+    net.remat = remat
+    net.attention = ModelSection().attention
+    net.head_chunk = TrainSection().head_chunk
     cfg, trainable, n_lora = net.config, nnx.Param, None
     if row == "lora":
         apply_lora(net, rank=LORA_RANK, alpha=LORA_ALPHA, targets=LORA_TARGETS,
@@ -123,6 +130,10 @@ def train_row(row: str, model: str = "smollm2-135m", batch: int = 4, seq: int = 
         trainable = LoRAParam
     graphdef, params, frozen = split_model(net, trainable)
     built_remat = step_remat(graphdef, params, frozen)
+    built = nnx.merge(graphdef, params, frozen)  # what the step's program runs
+    settings = {"remat": built_remat, "attention": built.attention,
+                "head_chunk": built.head_chunk}
+    del built
     flat = flatten(params)
     if row == "lora":
         assert all("lora_" in k for k in flat) and len(flat) == 2 * 7 * cfg.num_layers
@@ -141,7 +152,7 @@ def train_row(row: str, model: str = "smollm2-135m", batch: int = 4, seq: int = 
 
     first, med, loss0 = _timed_steps(one, repeats, log)
     return Measured(first, med, batch * seq, flops.sft_flops(cfg, batch, seq, n_lora), loss0,
-                    extra={"remat": built_remat})
+                    extra=settings)
 
 
 def dpo_batch(rng: np.random.Generator, pairs: int, prompt_len: int, completion_len: int,

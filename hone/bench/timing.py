@@ -28,7 +28,8 @@ def first_and_median(call: Callable[[], object], repeats: int,
 
     Each call is timed from before call() until it returns, or until wait(out) returns when given
     (e.g. jax.block_until_ready); value(out) runs after the clock stops, on every call, so checks
-    there are not timed. Without value, the third item is None."""
+    there are not timed. Without value, the third item is None. repeats 0 times the first call
+    only (the median is then nan): a long row's first step can take minutes."""
     def run():
         t0 = time.perf_counter()
         out = call()
@@ -38,8 +39,8 @@ def first_and_median(call: Callable[[], object], repeats: int,
         return dt, (None if value is None else value(out))
 
     first, got = run()
-    times = [run()[0] for _ in range(max(1, repeats))]
-    return first, statistics.median(times), got
+    times = [run()[0] for _ in range(repeats)]
+    return first, statistics.median(times) if times else math.nan, got
 
 
 def timed(record: list, fn: Callable, wait: Callable[[object], object] | None = None):

@@ -13,6 +13,7 @@ import pytest
 
 from hone.bench import flops
 from hone.cli import main
+from hone.config.schema import ModelSection, TrainSection
 from hone.models.config import PRESETS
 
 REQUIRED = {"row", "model", "batch", "seq", "steps", "median_s", "tokens_per_s", "first_step_s",
@@ -63,6 +64,9 @@ def test_each_row_prints_a_last_json_line(capsys, row, remat, tokens, formula):
     assert 0 < got["mfu"] < 1
     assert got["mfu"] == pytest.approx(
         got["flops_per_step"] / got["median_s"] / (got["ceiling_gflops"] * 1e9), rel=1e-3)
+    if row in ("sft", "lora"):  # set as build_model sets them, read back from the step's model
+        assert (got["attention"], got["head_chunk"]) == (ModelSection().attention,
+                                                         TrainSection().head_chunk)
     if row == "dpo":
         assert got["first_loss"] == pytest.approx(0.6931, abs=1e-3)  # policy == reference
     if row == "grpo":

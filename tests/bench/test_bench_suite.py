@@ -51,7 +51,7 @@ def by_row():
 
 def test_speedups_and_goal_wording():
     rows = by_row()
-    assert list(rows) == ["sft", "lora", "dpo", "decode batch 8", "decode batch 32", "grpo",
+    assert list(rows) == ["sft", "lora", "sft 1 x 2048", "dpo", "decode batch 8", "decode batch 32", "grpo",
                           "sft, hone bf16", "lora, hone bf16", "dpo, hone bf16",
                           "decode batch 8, hone bf16",
                           "decode batch 32, hone bf16"]
@@ -75,14 +75,15 @@ def test_speedups_and_goal_wording():
 def test_table_and_section():
     rows = suite.collect(FIGURES)
     lines = suite.table(rows).splitlines()
-    assert len(lines) == 2 + 11
+    assert len(lines) == 2 + 12  # sft 1 x 2048 (not run here) is row 3
     assert lines[2] == ("| sft | 2026-11-30 | step s | 1.000 | 2.500 | 2.000 | "
                         "10.0 / 10.0 / 10.0 | 1000 / 1000 / 1000 | 2.50x | 2.00x | "
                         "2x Tunix: met; 2.5x PyTorch: NOT met |")
-    assert lines[5].startswith("| decode batch 8 | 2026-12-01 | tok/s | 300.0 | 100.0 | 100.0 |")
-    assert lines[4].startswith("| dpo | 2026-11-29 | step s | 3.000 | not run | not run | "
+    assert lines[6].startswith("| decode batch 8 | 2026-12-01 | tok/s | 300.0 | 100.0 | 100.0 |")
+    assert lines[4].startswith("| sft 1 x 2048 | not run | step s | not run |")
+    assert lines[5].startswith("| dpo | 2026-11-29 | step s | 3.000 | not run | not run | "
                                "10.0 / - / - |")
-    assert lines[7] == ("| grpo | 2026-11-30 | step s | 6.000 | 6.600 | not run | "
+    assert lines[8] == ("| grpo | 2026-11-30 | step s | 6.000 | 6.600 | not run | "
                         "10.0 / 10.0 / - | 1000 / 1000 / - | 1.10x | - | "
                         "2x Tunix: NOT met; 2.5x PyTorch: not run (PyTorch has no GRPO driver) |")
     text = suite.section(rows, "benchmarks/suite.py --quick")
@@ -108,7 +109,10 @@ def test_rows_keep_their_own_dates_newest_wins_and_missing_says_why():
             rec("tunix", "decode-32", 6.778, tokens_per_s=75.5)])],
         "train": [run("train", "2026-11-30", [rec("hone", "sft", 2.0), rec("tunix", "sft", 4.0),
                                               rec("hone", "lora", 1.0)]),
-                  run("train", "2026-12-02", [rec("hone", "sft", 1.0)])],
+                  run("train", "2026-12-02", [rec("hone", "sft", 1.0)]),
+                  # train.py --batch 1 --seq-len 2048: its own rows, never replacing sft's
+                  run("train", "2026-12-03", [rec("hone", "sft 1x2048", 6.0),
+                                              rec("torch", "sft 1x2048", 9.0)])],
         "grpo": [run("grpo", "2026-12-01", [rec("hone", "grpo", 3.0), rec("tunix", "grpo", 9.0)]),
                  run("grpo", "2026-11-28", [rec("hone", "grpo", 30.0),
                                             rec("tunix", "grpo", 1.0)])],
@@ -117,6 +121,8 @@ def test_rows_keep_their_own_dates_newest_wins_and_missing_says_why():
     assert len(rows) == len(suite.ROWS)  # every row survives, measured or not
     assert suite.date_cell(rows["decode batch 8"]["impls"]) == "2026-12-01"
     assert suite.date_cell(rows["lora"]["impls"]) == "2026-11-30"
+    assert rows["sft 1 x 2048"]["speedup"]["torch"] == pytest.approx(1.5)
+    assert suite.date_cell(rows["sft 1 x 2048"]["impls"]) == "2026-12-03"
     # the newest hone sft (1.0 s, 2026-12-02) against Tunix's only one (4.0 s, 2026-11-30)
     assert rows["sft"]["impls"]["hone"]["median_s"] == 1.0
     assert rows["sft"]["speedup"]["tunix"] == 4.0
@@ -208,15 +214,17 @@ def _point_at(tmp_path, monkeypatch, argv) -> Path:
 def test_main_runs_every_driver_in_order_and_writes_the_summary(tmp_path, monkeypatch):
     ran = []
 
-    def fake_run(name, flags):  # what the driver's --write does to the figures
-        ran.append((name, flags))
+    def fake_run(name, flags, own=None):  # what the driver's --write does to the figures
+        ran.append((name, flags, own))
         _figures.add_run(name, FIGURES[name][0], tmp_path / "figures")
 
     results = _point_at(tmp_path, monkeypatch, ["suite.py", "--quick"])
     monkeypatch.setattr(suite, "run_driver", fake_run)
     suite.main()
     flags = ["--rounds", "1", "--repeats", "1"]
-    assert ran == [(d, flags) for d in ("decode", "train", "dpo", "grpo")]
+    assert ran == [("decode", flags, None), ("train", flags, None),
+                   ("train", flags, ["--rows", "sft", "--batch", "1", "--seq-len", "2048"]),
+                   ("dpo", flags, None), ("grpo", flags, None)]
     text = results.read_text()
     assert text.index("## Summary") < text.index("## Decode")
     assert "`benchmarks/suite.py --rounds 1 --repeats 1`" in text

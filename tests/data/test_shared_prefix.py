@@ -119,15 +119,15 @@ def test_dpo_loss_and_gradients_equal_the_two_row_layout(tmp_path):
     results = {}
     for flag, d in data.items():
         batch = next(iter(d.batches(8)))
-        (value, metrics), grads = jax.value_and_grad(loss, has_aux=True)(params, batch)
+        (value, metrics), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params, batch)
         results[flag] = (value, metrics, grads)
     (v0, m0, g0), (v1, m1, g1) = results[False], results[True]
     assert float(v0) > 0.0
     np.testing.assert_allclose(float(v1), float(v0), rtol=1e-5)
     # The summed metrics are differences of sequence log-probs (about -90 each here): hold
     # them to 1e-5 of what was summed, not of the small result.
-    scale = float(jnp.sum(jnp.abs(_sequence_logps(nnx.merge(graphdef, params, rest),
-                                                  next(iter(data[False].batches(8))))[0])))
+    logps = jax.jit(lambda p, b: _sequence_logps(nnx.merge(graphdef, p, rest), b)[0])
+    scale = float(jnp.sum(jnp.abs(logps(params, next(iter(data[False].batches(8)))))))
     for key in m0:
         assert abs(float(m1[key]) - float(m0[key])) <= 1e-5 * max(scale, abs(float(m0[key]))), key
     # Gradients: 1e-5 of the largest gradient entry of the model. A gradient entry is a float32

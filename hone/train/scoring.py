@@ -1,5 +1,7 @@
-"""The model's scores of shared-prefix rows (`hone.data.shared_prefix`): one forward pass over a
-row [prompt | answer 1 | ... | answer A], read only at the slots that predict answer tokens.
+"""The model's log-probabilities of training rows through its LM head (`head_logprobs`, run over
+chunks of model.head_chunk positions): whole rows (`row_logprobs`), and shared-prefix rows
+(`hone.data.shared_prefix`): one forward pass over a row [prompt | answer 1 | ... | answer A],
+read only at the slots that predict answer tokens (`branch_logprobs`).
 
 DPO and the reward-free preference losses score [prompt | chosen | rejected] rows, GRPO and PPO
 score tree rows [prompt | sample 1 | ... | sample G]; the policy, the reference and PPO's critic

@@ -1,0 +1,86 @@
+"""Episode text from the chat template: the opening prompt, and what follows a model turn.
+
+An episode is one token sequence that grows turn by turn. The model's tokens are kept as it
+sampled them; everything else is the chat template's rendering of the conversation, cut into the
+pieces that come between model turns:
+
+    opening          render(opening messages, add_generation_prompt=True)
+    after a turn     the rest of the template's closing of the assistant turn (ChatML: the
+                     "\\n" after <|im_end|>; the end-of-turn token itself when the model did not
+                     sample one), then the new messages, then the generation prompt
+
+The second piece is found by rendering the conversation three ways (before the reply with the
+generation prompt, through the reply, through the new messages with the generation prompt) and
+taking differences, so any template that renders a conversation prefix by prefix works, and the
+episode's text equals the template's rendering of the whole conversation (with the model's own
+tokens where its reply is).
+
+Tools: a template that mentions `tools` gets the environment's JSON schemas as its `tools`
+argument; for one that does not, they are described in the system message
+(`hone.agents.tools.describe_tools`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hone.errors import InputError
+
+
+def supports_tools(tokenizer) -> bool:
+    """Whether the tokenizer's chat template reads a `tools` argument."""
+    source = getattr(tokenizer, "chat_template", None) or ""
+    return "tools" in source
+
+
+def with_tools(messages: list[dict], tools: list[dict] | None, native: bool) -> tuple[list[dict],
+                                                                                  dict[str, Any]]:
+    """(messages, extra template arguments) that show the model its tools: the `tools` argument
+    when the template takes it (`native`), else a description in the system message."""
+    if not tools:
+        return list(messages), {}
+    if native:
+        return list(messages), {"tools": tools}
+    from hone.agents.tools import describe_tools
+    text = describe_tools(tools)
+    messages = [dict(m) for m in messages]
+    if messages and messages[0].get("role") == "system":
+        messages[0]["content"] = f"{messages[0].get('content') or ''}\n\n{text}".strip()
+    else:
+        messages.insert(0, {"role": "system", "content": text})
+    return messages, {}
+
+
+def opening_text(tokenizer, messages: list[dict], extra: dict[str, Any]) -> str:
+    """The episode's opening: its messages rendered with the generation prompt."""
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, **extra)
+
+
+def after_turn_text(tokenizer, history: list[dict], reply: str, end_text: str | None,
+                    new: list[dict], extra: dict[str, Any]) -> str:
+    """The text between the model's reply and its next turn.
+
+    history: the conversation before the reply (opening included); reply: the model's turn as
+    text, without its end-of-turn token; end_text: that token's text when the model sampled
+    one (it is already in the episode, as a model token), else None; new: the environment's
+    messages."""
+    def render(msgs, gen):
+        return tokenizer.apply_chat_template(msgs, add_generation_prompt=gen, **extra)
+
+    said = history + [{"role": "assistant", "content": reply}]
+    before, through, full = render(history, True), render(said, False), render(said + new, True)
+    if not (through.startswith(before) and full.startswith(through)):
+        raise InputError("the chat template does not render the conversation prefix by prefix, "
+                         "so a turn cannot be appended to an episode", key="chat_template")
+    turn = through[len(before):]
+    at, content = turn.find(reply), reply
+    if at < 0:  # templates that strip the content
+        content = reply.strip()
+        at = turn.find(content)
+    if at < 0:
+        raise InputError("the chat template does not write the assistant's reply verbatim, so "
+                         "the model's tokens cannot be kept as sampled", key="chat_template")
+    closing = turn[at + len(content):]
+    if end_text and closing.startswith(end_text):
+        closing = closing[len(end_text):]
+    return closing + full[len(through):]

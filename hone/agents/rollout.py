@@ -1,0 +1,344 @@
+"""`hone.agents.rollout`: multi-turn episodes, token in and token out, with the KV cache carried
+over between turns.
+
+One episode is one token sequence: the opening prompt (the environment's first messages through
+the chat template), then model turn, environment turn, model turn, ... The model's tokens are
+kept exactly as sampled (never decoded and encoded again) with the sampler's log-probability of
+each; the environment's messages are rendered with the chat template (`hone.agents.render`) and
+appended as tokens. `model_mask` is 1 on sampled tokens only.
+
+How a batch of episodes runs (`hone.sampling.engine`): one prefill of every opening (shared by
+the G episodes of an example when their openings are the same, as `generate(n=)` shares a
+prompt), then per turn one decode loop (every row in lockstep over cache slots; a row that ends
+its turn early writes nothing more, and the loop stops when every row has) and one `extend`
+that appends each continuing row's environment tokens to its live cache (left-padded to the
+turn's longest; the slots in between are invalid, never attended). No turn encodes the history
+again. Rows whose episode ended are batch padding from then on: they never generate, and the
+decode loop ends without waiting for them.
+
+Slots: the cache holds P + max_turns·max_new_tokens + (max_turns - 1)·E slots (P the padded
+opening, E = `max_env_tokens` per environment turn), what the lockstep schedule can use at
+most, while each episode's own tokens stay within `max_episode_tokens` (a turn that would go past
+it is cut there and the episode ends: `limit = "max_episode_tokens"`). Tool results longer than
+`max_tool_tokens` are cut, marked, and counted. Models with sliding-window layers need a window
+of at least the slot count (padding between turns would otherwise push real keys out of it).
+
+Robustness: a factory or reset that raises leaves its episode empty (no tokens, the fallback
+reward); a step that raises ends its episode with the fallback reward; both are counted in
+`Episode.events` and never stop the batch. Tool calls themselves run inside the environment
+(`hone.agents.environment.ToolEnvironment`: worker processes, timeouts).
+
+Randomness: the sampler's keys come from `seed` (turn t draws with fold_in(key(seed), t)), each
+environment is seeded with `episode_seed(seed, example, copy)` before its reset: the episodes are
+a function of the weights, the examples and the seed only (exact resume).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hone.agents.render import after_turn_text, opening_text, supports_tools, with_tools
+from hone.errors import InputError
+from hone.sampling.engine import decode, extend, pack_weights, prefill, split_for_sampling
+from hone.sampling.generate import bucket, encode_prompt
+from hone.sampling.strategies import SamplingMode
+
+CUT_MARK = "\n[cut: {n} more tokens]"
+
+
+@dataclass
+class Episode:
+    """One episode (API.md, section Agents). tokens/model_mask/logprobs are aligned."""
+
+    tokens: list[int] = field(default_factory=list)
+    model_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    reward: float = 0.0  # the sum of the steps' rewards
+    turns: int = 0  # model turns taken
+    messages: list[dict] = field(default_factory=list)
+    done: bool = False  # the environment ended it (False: a limit or an error did)
+    prompt_len: int = 0  # tokens of the opening
+    rewards: list[float] = field(default_factory=list)  # per model turn
+    turn_ends: list[int] = field(default_factory=list)  # index of each model turn's last token
+    events: dict[str, int] = field(default_factory=dict)  # counters (tool calls, errors, ...)
+    limit: str | None = None  # the limit that ended it, if one did
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.events[name] = self.events.get(name, 0) + int(n)
+
+    @property
+    def env_tokens(self) -> int:
+        """Tokens after the opening that the model did not sample."""
+        return len(self.tokens) - self.prompt_len - sum(self.model_mask)
+
+
+def episode_seed(seed: int, example: int, copy: int) -> int:
+    """The seed of the environment playing copy `copy` of example `example`."""
+    return (seed * 1_000_003 + example * 7_919 + copy * 104_729 + 17) % (2**31 - 1)
+
+
+class _Live:
+    """Host-side state of one episode while it runs."""
+
+    def __init__(self, env, example: dict):
+        self.env, self.example = env, example
+        self.ep = Episode()
+        self.history: list[dict] = []  # the conversation as rendered (tools described)
+        self.extra: dict = {}
+        self.active = False
+
+    def fail(self, event: str) -> None:
+        self.ep.count(event)
+        self.ep.reward = float(getattr(self.env, "fallback_reward", 0.0) or 0.0)
+        self.active = False
+
+
+def _check(max_turns, max_new_tokens, max_episode_tokens, max_tool_tokens, max_env_tokens,
+           group_size, context):
+    for key, value in (("max_turns", max_turns), ("max_new_tokens", max_new_tokens),
+                       ("max_episode_tokens", max_episode_tokens),
+                       ("max_tool_tokens", max_tool_tokens), ("max_env_tokens", max_env_tokens),
+                       ("group_size", group_size)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InputError(f"must be a positive integer, got {value!r}", key=key)
+    if max_episode_tokens > context:
+        raise InputError(f"{max_episode_tokens} exceeds the model's context of {context}",
+                         key="max_episode_tokens")
+    if max_new_tokens >= max_episode_tokens:
+        raise InputError(f"max_new_tokens {max_new_tokens} leaves no room for an opening within "
+                         f"max_episode_tokens {max_episode_tokens}", key="max_episode_tokens")
+
+
+def _cut_tools(tokenizer, messages: list[dict], max_tool_tokens: int, ep: Episode) -> list[dict]:
+    """Tool messages whose content is over max_tool_tokens tokens, cut there and marked."""
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if m.get("role") == "tool" and isinstance(content, str):
+            ids = tokenizer.encode(content, add_special_tokens=False)
+            if len(ids) > max_tool_tokens:
+                m = dict(m, content=tokenizer.decode(ids[:max_tool_tokens])
+                         + CUT_MARK.format(n=len(ids) - max_tool_tokens))
+                ep.count("tool_results_cut")
+        out.append(m)
+    return out
+
+
+def _messages(step) -> list[dict]:
+    msgs = list(getattr(step, "messages", None) or [])
+    if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in msgs):
+        raise TypeError("Step.messages must be a list of {'role': ..., 'content': ...} objects")
+    return msgs
+
+
+def rollout(model, tokenizer, factory: Callable, examples: Sequence[dict], *, max_turns: int = 4,
+            max_new_tokens: int = 64, max_episode_tokens: int = 1024, max_tool_tokens: int = 256,
+            max_env_tokens: int | None = None, temperature: float = 1.0,
+            top_k: int | None = None, top_p: float | None = None, seed: int = 0,
+            group_size: int = 1, prompt_bucket: int | None = None, cache_dtype=None,
+            eos_ids: Sequence[int] | None = None) -> list[Episode]:
+    """Play `group_size` episodes of each example (example-major: episode i·G + j is copy j of
+    example i) with `model`'s current weights; see the module docstring.
+
+    factory: any callable returning a fresh Environment (a class works). max_env_tokens: the
+    tokens an environment turn may add (default max_tool_tokens + 64): a longer one ends the
+    episode (`limit = "max_env_tokens"`). prompt_bucket: pad openings to at least this many
+    tokens (one compiled shape per run)."""
+    cfg = model.config
+    max_env_tokens = max_env_tokens or -(-(max_tool_tokens + 64) // 16) * 16
+    _check(max_turns, max_new_tokens, max_episode_tokens, max_tool_tokens, max_env_tokens,
+           group_size, cfg.max_position_embeddings)
+    if not examples:
+        return []
+    g = group_size
+    native = supports_tools(tokenizer)
+    lives: list[_Live] = []
+    openings: list[list[int] | None] = []
+    for i, example in enumerate(examples):
+        for j in range(g):
+            live, ids = _start(factory, dict(example), episode_seed(seed, i, j), tokenizer,
+                               native, max_episode_tokens - max_new_tokens)
+            lives.append(live)
+            openings.append(ids)
+    shared = g > 1 and all(
+        openings[i * g] is not None and all(openings[i * g + j] == openings[i * g]
+                                            for j in range(g))
+        for i in range(len(examples)))
+    copies = g if shared else 1
+    prompts = openings[::g] if shared else openings
+    longest = max((len(p) for p in prompts if p is not None), default=1)
+    p_len = bucket(longest, minimum=max(16, prompt_bucket or 0))
+    rows = bucket(len(prompts), minimum=1)
+    total = p_len + max_turns * max_new_tokens + (max_turns - 1) * max_env_tokens
+    for kind in set(cfg.layer_types):
+        window = model.window_for(kind)
+        if window is not None and window < total:
+            raise InputError(f"the model's {kind} layers attend over a window of {window} "
+                             f"slots, fewer than the episode's {total}; lower max_turns, "
+                             "max_new_tokens or max_env_tokens", key="max_turns")
+    pad_id = getattr(tokenizer, "pad_id", None) or 0
+    tokens = np.full((rows, p_len), pad_id, np.int32)
+    valid = np.zeros((rows, p_len), bool)
+    for r, ids in enumerate(prompts):
+        if ids is not None:
+            tokens[r, p_len - len(ids):], valid[r, p_len - len(ids):] = ids, True
+
+    if top_k is not None:
+        top_k = min(top_k, cfg.vocab_size)
+    mode = SamplingMode(greedy=temperature == 0.0, top_k=top_k, use_top_p=top_p is not None)
+    temp = jnp.float32(temperature or 1.0)
+    nucleus = jnp.float32(top_p if top_p is not None else 1.0)
+    if eos_ids is None:
+        eos_ids = tuple(getattr(tokenizer, "eos_ids", ()) or ())
+    eos_set = set(int(e) for e in eos_ids)
+    eos = jnp.asarray(list(eos_set) or [-1], jnp.int32)
+    graphdef, params = split_for_sampling(model)
+    dtype = jnp.dtype(cache_dtype or model.embedder.embedding[...].dtype)
+    key = jax.random.key(seed)
+    state = prefill(graphdef, params, tokens, valid, key, temp, nucleus, mode=mode, total=total,
+                    cache_dtype=dtype, copies=copies)
+    packed = pack_weights(graphdef, params)
+    for turn in range(max_turns):
+        state = decode(graphdef, params, packed, state, jnp.int32(max_new_tokens), eos,
+                       jnp.int32(pad_id), temp, nucleus, mode=mode)
+        steps = int(state["step"])
+        sampled = np.asarray(state["tokens"][:, :steps])
+        logps = np.asarray(state["logprobs"][:, :steps])
+        appended: dict[int, list[int]] = {}
+        for r, live in enumerate(lives):
+            if live.active:
+                ids = _after_model_turn(live, sampled[r], logps[r], eos_set, tokenizer, turn,
+                                        max_turns, max_episode_tokens, max_tool_tokens,
+                                        max_env_tokens)
+                if ids is not None:
+                    appended[r] = ids
+        if not appended:
+            break
+        width = min(bucket(max(len(x) for x in appended.values())), max_env_tokens)
+        more = np.full((state["tokens"].shape[0], width), pad_id, np.int32)
+        more_valid = np.zeros(more.shape, bool)
+        for r, ids in appended.items():
+            more[r, width - len(ids):], more_valid[r, width - len(ids):] = ids, True
+        state = extend(graphdef, params, state, more, more_valid,
+                       jax.random.fold_in(key, turn + 1), temp, nucleus, mode=mode)
+    return [live.ep for live in lives]
+
+
+def _start(factory, example: dict, seed: int, tokenizer, native: bool, room: int):
+    """(live episode, opening token ids or None when it could not start)."""
+    env = None
+    live = _Live(None, example)
+    try:
+        env = factory()
+        live.env = env
+        if hasattr(env, "seed"):
+            env.seed(seed)
+        opening = list(env.reset(example))
+        messages, extra = with_tools(opening, getattr(env, "tools", None), native)
+        ids = encode_prompt(tokenizer, opening_text(tokenizer, messages, extra))
+    except Exception:  # noqa: BLE001 - an environment's failure ends its own episode only
+        live.fail("reset_errors")
+        return live, None
+    if not ids or len(ids) > room:
+        live.fail("openings_too_long")
+        return live, None
+    live.history, live.extra, live.active = messages, extra, True
+    ep = live.ep
+    ep.tokens, ep.model_mask, ep.logprobs = list(ids), [0] * len(ids), [0.0] * len(ids)
+    ep.prompt_len, ep.messages = len(ids), list(opening)
+    return live, ids
+
+
+def _after_model_turn(live: _Live, sampled: np.ndarray, logps: np.ndarray, eos: set[int],
+                      tokenizer, turn: int, max_turns: int, max_episode_tokens: int,
+                      max_tool_tokens: int, max_env_tokens: int) -> list[int] | None:
+    """Record a row's model turn, play the environment's answer; the environment's tokens to
+    append when the episode goes on, else None (and the episode is finished)."""
+    ep = live.ep
+    turn_ids = [int(t) for t in sampled]
+    end = next((k for k, t in enumerate(turn_ids) if t in eos), None)
+    if end is not None:
+        turn_ids = turn_ids[:end + 1]
+    else:
+        ep.count("turns_cut")  # max_new_tokens reached inside the turn
+    room = max_episode_tokens - len(ep.tokens)
+    over = len(turn_ids) > room
+    turn_ids = turn_ids[:room]
+    ep.tokens += turn_ids
+    ep.model_mask += [1] * len(turn_ids)
+    ep.logprobs += [float(x) for x in logps[:len(turn_ids)]]
+    ep.turns += 1
+    ep.turn_ends.append(len(ep.tokens) - 1)
+    ended_by_model = end is not None and not over
+    body = turn_ids[:-1] if ended_by_model else turn_ids
+    reply = tokenizer.decode(body)
+    ep.messages.append({"role": "assistant", "content": reply})
+    if over:
+        ep.rewards.append(0.0)
+        ep.limit, live.active = "max_episode_tokens", False
+        return None
+    try:
+        step = live.env.step(reply)
+        new = _messages(step)
+        reward = float(getattr(step, "reward", 0.0) or 0.0)
+        for name, n in (getattr(step, "info", None) or {}).items():
+            ep.count(name, n)
+    except Exception:  # noqa: BLE001
+        ep.rewards.append(0.0)
+        live.fail("env_errors")
+        return None
+    ep.rewards.append(reward)
+    ep.reward = float(sum(ep.rewards))
+    if getattr(step, "done", False):
+        ep.done, live.active = True, False
+        ep.messages += new
+        return None
+    if turn + 1 >= max_turns:
+        ep.limit, live.active = "max_turns", False
+        ep.messages += new
+        return None
+    new = _cut_tools(tokenizer, new, max_tool_tokens, ep)
+    ep.messages += new
+    end_text = tokenizer.decode([turn_ids[-1]]) if ended_by_model else None
+    try:
+        text = after_turn_text(tokenizer, live.history, reply, end_text, new, live.extra)
+    except Exception:  # noqa: BLE001 - messages this template cannot render end this episode
+        live.fail("render_errors")
+        return None
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) > max_env_tokens:
+        ep.limit, live.active = "max_env_tokens", False
+        return None
+    if len(ep.tokens) + len(ids) >= max_episode_tokens:
+        ep.limit, live.active = "max_episode_tokens", False
+        return None
+    live.history = live.history + [{"role": "assistant", "content": reply}] + new
+    ep.tokens += ids
+    ep.model_mask += [0] * len(ids)
+    ep.logprobs += [0.0] * len(ids)
+    return ids
+
+
+def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Per-step means over a batch of episodes, and the summed event counters."""
+    if not episodes:
+        return {}
+    n = len(episodes)
+    out = {"agent/turns_mean": sum(e.turns for e in episodes) / n,
+           "agent/episode_tokens_mean": sum(len(e.tokens) for e in episodes) / n,
+           "agent/model_tokens_mean": sum(sum(e.model_mask) for e in episodes) / n,
+           "agent/env_tokens_mean": sum(e.env_tokens for e in episodes) / n,
+           "agent/done_fraction": sum(e.done for e in episodes) / n,
+           "agent/cut_fraction": sum(e.limit is not None for e in episodes) / n}
+    events: dict[str, int] = {}
+    for e in episodes:
+        for k, v in e.events.items():
+            events[k] = events.get(k, 0) + v
+    for k, v in sorted(events.items()):
+        out[f"agent/{k}"] = float(v)
+    return out

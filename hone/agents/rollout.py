@@ -140,7 +140,8 @@ def rollout(model, tokenizer, factory: Callable, examples: Sequence[dict], *, ma
             max_new_tokens: int = 64, max_episode_tokens: int = 1024, max_tool_tokens: int = 256,
             max_env_tokens: int | None = None, temperature: float = 1.0,
             top_k: int | None = None, top_p: float | None = None, seed: int = 0,
-            group_size: int = 1, prompt_bucket: int | None = None, cache_dtype=None,
+            group_size: int = 1, prompt_bucket: int | None = None,
+            max_opening_tokens: int | None = None, cache_dtype=None,
             eos_ids: Sequence[int] | None = None) -> list[Episode]:
     """Play `group_size` episodes of each example (example-major: episode i·G + j is copy j of
     example i) with `model`'s current weights; see the module docstring.
@@ -148,7 +149,8 @@ def rollout(model, tokenizer, factory: Callable, examples: Sequence[dict], *, ma
     factory: any callable returning a fresh Environment (a class works). max_env_tokens: the
     tokens an environment turn may add (default max_tool_tokens + 64): a longer one ends the
     episode (`limit = "max_env_tokens"`). prompt_bucket: pad openings to at least this many
-    tokens (one compiled shape per run)."""
+    tokens (one compiled shape per run). max_opening_tokens: a longer opening does not start
+    (counted as `openings_too_long`; default max_episode_tokens - max_new_tokens)."""
     cfg = model.config
     max_env_tokens = max_env_tokens or -(-(max_tool_tokens + 64) // 16) * 16
     _check(max_turns, max_new_tokens, max_episode_tokens, max_tool_tokens, max_env_tokens,
@@ -162,7 +164,7 @@ def rollout(model, tokenizer, factory: Callable, examples: Sequence[dict], *, ma
     for i, example in enumerate(examples):
         for j in range(g):
             live, ids = _start(factory, dict(example), episode_seed(seed, i, j), tokenizer,
-                               native, max_episode_tokens - max_new_tokens)
+                               native, max_opening_tokens or max_episode_tokens - max_new_tokens)
             lives.append(live)
             openings.append(ids)
     shared = g > 1 and all(

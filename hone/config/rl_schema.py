@@ -83,6 +83,41 @@ class RewardsSection:
 
 
 @dataclass(frozen=True)
+class AgentSection:
+    # The environment class or factory "package.module:Name" (a hone.agents.Environment);
+    # None with no tools = single-turn RL (no agent).
+    environment: str | None = None
+    # Tool functions "package.module:function" for a hone.agents.ToolEnvironment, rewarded by
+    # matching the final reply with the record's answer (rewards.answer_column); used when
+    # environment is None.
+    tools: tuple[str, ...] = ()
+    # System prompt of the tool environment; None = none beyond the tools' description.
+    system_prompt: str | None = None
+    # Model turns per episode at most.
+    max_turns: int = field(default=4, metadata={"min": 1})
+    # Tokens of a whole episode at most (the opening, every turn, every environment message):
+    # the training row's length. grpo/ppo.max_new_tokens bounds one model turn and
+    # max_prompt_tokens the opening.
+    max_episode_tokens: int = field(default=1024, metadata={"min": 2})
+    # Tokens of one tool result at most: a longer one is cut and marked.
+    max_tool_tokens: int = field(default=256, metadata={"min": 1})
+    # Tokens one environment turn may add (template tokens included); None = max_tool_tokens
+    # + 64. A longer turn ends the episode (counted).
+    max_env_tokens: int | None = field(default=None, metadata={"min": 1})
+    # The tool-call parser: hermes (<tool_call>{"name": ..., "arguments": ...}</tool_call>)
+    # or "package.module:Name".
+    parser: str = "hermes"
+    # Seconds one tool call may run before its worker process is killed.
+    tool_timeout_s: float = field(default=10.0, metadata={"gt": 0.0})
+    # Discount of later turns' rewards (PPO/GAE with per-turn rewards); 1 = none.
+    gamma: float = field(default=1.0, metadata={"min": 0.0, "max": 1.0})
+
+    @property
+    def enabled(self) -> bool:
+        return self.environment is not None or bool(self.tools)
+
+
+@dataclass(frozen=True)
 class GRPOSection(RolloutKeys):
     # Advantage scaling: group std, batch std, or none (mean-centred only; Dr.GRPO).
     scale: str = field(default="group", metadata={"choices": ("group", "batch", "none")})
@@ -178,6 +213,8 @@ class RLConfig(TrainConfig):
     data: DataSection = field(default_factory=_rl_data)
     # The reward functions and their weights.
     rewards: RewardsSection = field(default_factory=RewardsSection)
+    # Multi-turn episodes with tools or an environment (hone.agents); off by default.
+    agent: AgentSection = field(default_factory=AgentSection)
 
     def __post_init__(self):
         super().__post_init__()
@@ -190,6 +227,15 @@ class RLConfig(TrainConfig):
         if s.reference == "adapters_off" and self.model.lora.rank == 0:
             raise InputError("switching adapters off needs adapters: set model.lora.rank > 0, "
                              f"or {name}.reference to copy", key=f"{name}.reference")
+        a = self.agent
+        if a.enabled and s.max_prompt_tokens + s.max_new_tokens > a.max_episode_tokens:
+            raise InputError(f"an opening of {name}.max_prompt_tokens ({s.max_prompt_tokens}) "
+                             f"and one turn of {name}.max_new_tokens ({s.max_new_tokens}) do not "
+                             f"fit agent.max_episode_tokens ({a.max_episode_tokens})",
+                             key="agent.max_episode_tokens")
+        if a.environment is not None and a.tools:
+            raise InputError("give an environment or tools, not both (an environment brings "
+                             "its own tools)", key="agent.tools")
         w = self.rewards.function_weights
         if w and len(w) != len(self.rewards.functions):
             raise InputError(f"{len(w)} weights for {len(self.rewards.functions)} functions",

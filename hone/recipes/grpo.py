@@ -27,6 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hone.agents.collect import AgentRollouts, make_agent_eval
+from hone.agents.factory import environment_factory
 from hone.config import GRPOConfig
 from hone.data.shared_prefix import work_tokens
 from hone.losses.rl import grpo_advantages, policy_loss, policy_loss_denominator
@@ -48,11 +50,19 @@ from hone.train.state import flatten, new_train_state, split_model, tree_bytes
 from hone.train.step import merge
 
 
+def completion_width(cfg) -> int:
+    """M: the completion slots of a rollout row; with an agent, the whole episode after its
+    opening (`hone.agents.layout`: L - P), of which the model's turns are a part."""
+    section = getattr(cfg, cfg.SECTION)
+    if cfg.agent.enabled:
+        return cfg.agent.max_episode_tokens - section.max_prompt_tokens
+    return section.max_new_tokens
+
+
 def completion_window(cfg) -> tuple[int, int]:
     """(start, width): the slots of a rollout row (`hone.rl.rollout.pack_rows`: prompts
     left-padded to P = max_prompt_tokens) whose logits predict completion tokens: P-1 .. P+M-2."""
-    section = cfg.grpo
-    return section.max_prompt_tokens - 1, section.max_new_tokens
+    return getattr(cfg, cfg.SECTION).max_prompt_tokens - 1, completion_width(cfg)
 
 
 def model_logp(model, mb, window: tuple[int, int] | None = None, entropy: bool = False):
@@ -88,6 +98,7 @@ def tree_logp(model, mb, entropy: bool = False):
 def make_grpo_loss(cfg: GRPOConfig):
     grpo = cfg.grpo
     window = completion_window(cfg)
+    max_len = completion_width(cfg)
 
     def loss_fn(model, mb, normalizer, key, aux):
         if "branch_ids" in mb:  # tree rows: from here on, everything is [B, M]
@@ -102,7 +113,7 @@ def make_grpo_loss(cfg: GRPOConfig):
             logp, old, mb["advantages"], mb["loss_mask"], clip_eps=grpo.clip_eps,
             clip_eps_high=grpo.clip_eps_high, ref_logp=mb.get("ref_logp"), kl_beta=grpo.beta,
             kl_kind=grpo.kl_kind, agg=grpo.loss_agg, ratio=grpo.ratio,
-            max_len=grpo.max_new_tokens, is_weights=weights, denominator=normalizer)
+            max_len=max_len, is_weights=weights, denominator=normalizer)
         return loss, dict(metrics, **diagnostics(entropy, logp, mb, win))
 
     return loss_fn
@@ -144,7 +155,11 @@ def run_grpo(cfg: GRPOConfig, *, log=print):
     grpo = cfg.grpo
     tokenizer = load_tokenizer(cfg.model.source)
     prompts, held_out = load_prompts(cfg, grpo, tokenizer, log)
-    rewards = make_rewards(cfg, grpo, prompts, log)
+    agent = cfg.agent.enabled
+    # An agent's episodes are rewarded by their environment; its factory is checked here,
+    # before the run directory is written.
+    factory = environment_factory(cfg, log) if agent else None
+    rewards = None if agent else make_rewards(cfg, grpo, prompts, log)
     ref_devices, policy_devices = reference_split(cfg)
     layout = make_layout(cfg, devices=policy_devices)
     model, trainable = build_model(cfg, layout=layout)
@@ -169,21 +184,31 @@ def run_grpo(cfg: GRPOConfig, *, log=print):
     step = make_rl_step(
         graphdef, params, make_grpo_loss(cfg),
         lambda b: policy_loss_denominator(b["loss_mask"], grpo.loss_agg,
-                                          max_len=grpo.max_new_tokens),
+                                          max_len=completion_width(cfg)),
         optimizer, schedule, accum=cfg.train.grad_accum, precision=cfg.train.precision,
         epochs=grpo.iterations, layout=layout,
         score=make_scoring(cfg, graphdef, params, None if reference else mode))
 
     groups = cfg.train.batch_size // grpo.group_size
-    tree = tree_layout(cfg, shards=layout.shards)
-    log(f"rollout rows: {'one per prompt, its samples sharing it' if tree else 'one per sample'}")
+    tree = not agent and tree_layout(cfg, shards=layout.shards)
+    log(f"rollout rows: {'one per prompt, its samples sharing it' if tree else 'one per sample'}"
+        + (f" (episodes of up to {cfg.agent.max_turns} turns)" if agent else ""))
     data_iter = prompts.iterator(groups, cfg.train.seed)
-    rollouts = Rollouts(cfg, grpo, graphdef, params, frozen, tokenizer, prompts, data_iter,
-                        rewards, tree=tree)
+    if agent:
+        rollouts = AgentRollouts(cfg, grpo, graphdef, params, frozen, tokenizer, prompts,
+                                 factory)
+        evaluate = make_agent_eval(rollouts, held_out)
+    else:
+        rollouts = Rollouts(cfg, grpo, graphdef, params, frozen, tokenizer, prompts, data_iter,
+                            rewards, tree=tree)
+        evaluate = make_rl_eval(rollouts, held_out)
 
     def prepare(state, prompt_batch, step_index):  # the loop's host-side hook: the rollout
-        rows, total, _, metrics = rollouts.collect(state, prompt_batch, step_index,
-                                                   extra_rounds=grpo.dynamic_sampling_rounds)
+        if agent:
+            rows, total, _, metrics = rollouts.collect(state, prompt_batch, step_index)
+        else:
+            rows, total, _, metrics = rollouts.collect(
+                state, prompt_batch, step_index, extra_rounds=grpo.dynamic_sampling_rounds)
         adv, _ = grpo_advantages(jnp.asarray(total), grpo.group_size, scale=grpo.scale,
                                  leave_one_out=grpo.leave_one_out)
         adv = np.asarray(adv, np.float32)
@@ -192,12 +217,11 @@ def run_grpo(cfg: GRPOConfig, *, log=print):
             rows["ref_logp"] = reference(rows)
         return rows, metrics
 
-    evaluate = make_rl_eval(rollouts, held_out)
     spec = LoopSpec(
         train_step=step, state=state, frozen=frozen, aux=aux, data=data_iter, eval_fn=evaluate,
         prepare=prepare, place_batch=layout.place_batch, tokens_per_batch=work_tokens,
         flops_per_token=model.config.flops_per_token(grpo.max_prompt_tokens
-                                                     + grpo.max_new_tokens),
+                                                     + completion_width(cfg)),
         extra_metrics=policy_means, eval_at_start=True)
     final = run_loop(spec, cfg, run_dir)
     trained = rollouts.policy(final["params"])

@@ -1,0 +1,101 @@
+"""The host side of an agentic RL step: the policy's current weights -> episodes -> training rows,
+and the greedy held-out evaluation of a model as an agent.
+
+`AgentRollouts.collect(state, prompt_batch, step)` plays G episodes of each record of the batch
+(`hone.agents.rollout`), sums each episode's rewards and lays the episodes out as rows
+(`hone.agents.layout.episode_rows`). The sampler's seed is `step_seed(run seed, step)` and each
+environment's seed is derived from it, the record's place in the batch and the copy, so a
+resumed run plays the episodes an uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from flax import nnx
+
+from hone.agents.layout import episode_rows
+from hone.agents.rollout import Episode, episode_metrics, rollout
+from hone.datasets.arithmetic import is_correct
+from hone.rl.rollout import step_seed
+from hone.train.state import unflatten
+
+
+def final_reply(ep: Episode) -> str:
+    """The model's last turn, as text."""
+    return next((m.get("content") or "" for m in reversed(ep.messages)
+                 if m.get("role") == "assistant"), "")
+
+
+class AgentRollouts:
+    """Episodes with the policy's current weights, scored and laid out as rows."""
+
+    def __init__(self, cfg, section, graphdef, template, frozen, tokenizer, prompts, factory):
+        self.cfg, self.s, self.a = cfg, section, cfg.agent
+        self.graphdef, self.template, self.frozen = graphdef, template, frozen
+        self.tokenizer, self.prompts, self.factory = tokenizer, prompts, factory
+
+    def policy(self, params):
+        """The policy module over the given weights (shared buffers, no copy)."""
+        return nnx.merge(self.graphdef, unflatten(self.template, params), self.frozen)
+
+    def play(self, model, records: list[dict], group_size: int, seed: int,
+             temperature: float | None = None) -> list[Episode]:
+        s, a = self.s, self.a
+        temperature = s.temperature if temperature is None else temperature
+        return rollout(model, self.tokenizer, self.factory, records, max_turns=a.max_turns,
+                       max_new_tokens=s.max_new_tokens, max_episode_tokens=a.max_episode_tokens,
+                       max_tool_tokens=a.max_tool_tokens, max_env_tokens=a.max_env_tokens,
+                       temperature=temperature, top_k=None if temperature == 0 else s.top_k,
+                       top_p=None if temperature == 0 else s.top_p, seed=seed,
+                       group_size=group_size, prompt_bucket=s.max_prompt_tokens,
+                       max_opening_tokens=s.max_prompt_tokens,
+                       cache_dtype=None if s.cache_dtype == "auto" else s.cache_dtype)
+
+    def collect(self, state, prompt_batch, step: int):
+        """(rows [B, L], total reward [B], episodes, host metrics) of this step's episodes."""
+        t0 = time.perf_counter()
+        model = self.policy(state["params"])
+        indices = [int(i) for i in np.asarray(prompt_batch["index"][:, 0])]
+        records = [self.prompts.records[i] for i in indices]
+        episodes = self.play(model, records, self.s.group_size,
+                             step_seed(self.cfg.train.seed, step))
+        rows = episode_rows(episodes, self.s.max_prompt_tokens, self.a.max_episode_tokens,
+                            self.tokenizer.pad_id)
+        total = np.asarray([ep.reward for ep in episodes], np.float32)
+        metrics = self.metrics(episodes, [r for r in records for _ in range(self.s.group_size)])
+        metrics["rollout_s"] = time.perf_counter() - t0
+        return rows, total, episodes, metrics
+
+    def metrics(self, episodes: list[Episode], records: list[dict]) -> dict[str, float]:
+        total = np.asarray([ep.reward for ep in episodes], np.float64)
+        m = {"reward_mean": float(total.mean()), "reward_std": float(total.std())}
+        column = self.cfg.rewards.answer_column
+        if all(column in r for r in records):
+            m["accuracy"] = float(np.mean([is_correct(final_reply(ep), r[column])
+                                           for ep, r in zip(episodes, records)]))
+        lengths = np.asarray([sum(ep.model_mask) for ep in episodes], np.float32)
+        m.update(completion_len_mean=float(lengths.mean()),
+                 completion_len_max=float(lengths.max()),
+                 truncated_fraction=float(np.mean([ep.limit is not None for ep in episodes])))
+        m.update(episode_metrics(episodes))
+        return m
+
+
+def make_agent_eval(rollouts: AgentRollouts, held_out):
+    """params -> {"eval_reward", "eval_accuracy", "eval_turns"} on the held-out records, played
+    greedily (one episode each)."""
+    if held_out is None:
+        return None
+
+    def evaluate(params) -> dict:
+        model = rollouts.policy(params)
+        episodes = rollouts.play(model, held_out.records, 1, 0, temperature=0.0)
+        m = rollouts.metrics(episodes, held_out.records)
+        out = {"eval_reward": m["reward_mean"], "eval_turns": m["agent/turns_mean"]}
+        if "accuracy" in m:
+            out["eval_accuracy"] = m["accuracy"]
+        return out
+
+    return evaluate

@@ -109,7 +109,8 @@ def calculator(expression: str) -> str:
     try:
         tree = ast.parse(expression.strip(), mode="eval")
     except (SyntaxError, RecursionError, MemoryError) as err:
-        raise ValueError(f"not an arithmetic expression: {expression!r}") from err
+        shown = expression if len(expression) <= 60 else expression[:60] + "..."
+        raise ValueError(f"not an arithmetic expression: {shown!r}") from err
     try:
         return format_number(_evaluate(tree, expression.strip()))
     except RecursionError as err:

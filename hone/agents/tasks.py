@@ -72,7 +72,8 @@ class GuessNumber(Environment):
             raise RuntimeError("step() after the episode ended; build a new environment")
         self.turns += 1
         last = self.turns >= self.max_turns
-        numbers = [n for n in _INTEGER.findall(reply) if len(n) <= 100]  # int() refuses 4300+ digits
+        # int() refuses 4300+ digits; no guess in range has more than 100 anyway
+        numbers = [n for n in _INTEGER.findall(reply) if len(n) <= 100]
         if not numbers:
             self.done = last
             text = f"Reply with one whole number from {self.lo} to {self.hi}."

@@ -47,7 +47,7 @@ _SECTION = re.compile(r"^(Args|Arguments|Parameters|Returns?|Raises|Yields|Examp
 
 
 def _type_schema(hint: Any, where: str) -> dict:
-    """The JSON schema of one type hint (int, float, str, bool, list[...], dict, Literal, X | None)."""
+    """The JSON schema of a type hint: int, float, str, bool, list[...], dict, Literal, X | None."""
     if hint in _SIMPLE:
         return {"type": _SIMPLE[hint]}
     origin, args = typing.get_origin(hint), typing.get_args(hint)

@@ -80,11 +80,11 @@ def calculator_traces(n: int, seed: int) -> list[dict]:
     for prompt, a, op, b in _questions(n, seed, "train"):
         expression = f"{a} {op} {b}"
         result = calculator(expression)
+        call = parser.format([ToolCall("calculator", {"expression": expression})])
         records.append({"messages": [
             {"role": "system", "content": system},
             {"role": "user", "content": prompt},
-            {"role": "assistant", "content": parser.format([ToolCall("calculator",
-                                                                      {"expression": expression})])},
+            {"role": "assistant", "content": call},
             {"role": "tool", "name": "calculator", "content": result},
             {"role": "assistant", "content": f"{expression} = {result}"}]})
     return records

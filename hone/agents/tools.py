@@ -16,8 +16,10 @@ calls it with keyword arguments decoded from JSON. Design choices:
   Workers come from the `forkserver` context: forking a process that runs JAX's threads is unsafe,
   and a fork server that has this module preloaded starts a worker in milliseconds (spawn would
   import hone and JAX again per worker). A call sends the function by reference (its module and
-  name) and the JSON arguments through a pipe: about a millisecond after start-up. Workers are
-  killed on `close()`, on leaving a `with` block, and at interpreter exit.
+  name) and the JSON arguments through a pipe, well under a millisecond once the fork server runs;
+  starting it (the first call of a process) costs about an import of hone. As with any spawn or
+  forkserver multiprocessing, a script that uses workers needs `if __name__ == "__main__":`.
+  Workers are killed on `close()`, on leaving a `with` block, and at interpreter exit.
 - `InlineRunner` (`runner="inline"`) calls tools in-process: no isolation and no timeout, for
   trusted fast tools and tests.
 """

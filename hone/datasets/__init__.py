@@ -1,7 +1,7 @@
 """Small procedural datasets bundled with hone, by the name `data.path: builtin:NAME` uses.
 
 Each entry of `BUILTIN` builds its records on call (deterministic, no downloads): SFT sets hold
-`messages`, RL sets `prompt` + `answer`, preference sets `prompt` + `chosen` + `rejected`.
+`messages`, RL and agent sets `prompt` + `answer`, preference sets `prompt` + `chosen` + `rejected`.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Callable
 
 from hone.datasets import arithmetic as _arithmetic
+from hone.datasets import calculator as _calculator
 from hone.datasets.arithmetic import extract_answer, is_correct
 
 BUILTIN: dict[str, Callable[[], list[dict]]] = {
@@ -18,6 +19,9 @@ BUILTIN: dict[str, Callable[[], list[dict]]] = {
     "arithmetic-rl-eval": _arithmetic.arithmetic_rl_eval,
     "arithmetic-pref": _arithmetic.arithmetic_pref,
     "arithmetic-pref-eval": _arithmetic.arithmetic_pref_eval,
+    "calculator-agent": _calculator.calculator_agent,
+    "calculator-agent-eval": _calculator.calculator_agent_eval,
+    "calculator-traces": _calculator.calculator_agent_traces,
 }
 
 __all__ = ["BUILTIN", "extract_answer", "is_correct"]

@@ -1,0 +1,104 @@
+"""Procedural questions for the calculator agent (`hone.agents.tasks.ArithmeticTool`), and
+worked traces of the tool in use for an SFT warm start.
+
+- `calculator_examples`: {"prompt": "What is 4821 * 367?", "answer": "1769307"}: products, sums
+  and differences of 3-4 digit numbers, too large for a small model to work out in its head, so
+  using the tool pays.
+- Held out by operand: each number in [100, 9999] belongs to the eval split or the train split (a
+  fixed hash decides, about one in ten to eval), and a question uses operands of its split only,
+  so no eval question shares a number with any train question.
+- `calculator_traces`: conversations in which the assistant calls the calculator (written as text
+  in the Hermes format, since SmolLM2's chat template has no tool support), reads its result and
+  answers "4821 * 367 = 1769307"; the system message is ArithmeticTool's with the calculator
+  described as the rollout describes it to such a template, so the warm start sees exactly the
+  prompt RL will.
+- Deterministic: `random.Random(seed)`; the bundled sets use fixed seeds and sizes.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import random
+
+LOW, HIGH = 100, 9999  # operands have 3 or 4 digits
+_EVAL_SHARE = 26  # out of 256: about 10% of operands are held out
+_TEMPLATES = ("What is {a} {op} {b}?", "Compute {a} {op} {b}.", "How much is {a} {op} {b}?")
+_OPS = ("*", "+", "-")
+_OP_WEIGHTS = (2, 1, 1)  # products are the hard part
+_SIZES = {"train": 2000, "eval": 200}
+
+
+def is_eval_operand(x: int) -> bool:
+    """Whether the number x is held out for the eval split (a fixed hash, not a random draw)."""
+    return hashlib.sha256(f"calculator:{x}".encode()).digest()[0] < _EVAL_SHARE
+
+
+@functools.lru_cache(maxsize=2)
+def operands(split: str) -> tuple[int, ...]:
+    """The numbers questions of `split` ("train" or "eval") draw from."""
+    if split not in _SIZES:
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    return tuple(x for x in range(LOW, HIGH + 1) if is_eval_operand(x) == (split == "eval"))
+
+
+def _questions(n: int, seed: int, split: str) -> list[tuple[str, int, str, int]]:
+    """n distinct (prompt, a, op, b), with a >= b for differences (answers are never negative)."""
+    rng, pool = random.Random(seed), operands(split)
+    out, seen = [], set()
+    while len(out) < n:
+        op = rng.choices(_OPS, weights=_OP_WEIGHTS)[0]
+        a, b = rng.choice(pool), rng.choice(pool)
+        if op == "-" and a < b:
+            a, b = b, a
+        if (a, op, b) not in seen:
+            seen.add((a, op, b))
+            out.append((rng.choice(_TEMPLATES).format(a=a, op=op, b=b), a, op, b))
+    return out
+
+
+def _result(a: int, op: str, b: int) -> int:
+    return {"*": a * b, "+": a + b, "-": a - b}[op]
+
+
+def calculator_examples(n: int, seed: int, split: str = "train") -> list[dict]:
+    """n records {"prompt", "answer"} whose operands all belong to `split`."""
+    return [{"prompt": prompt, "answer": str(_result(a, op, b))}
+            for prompt, a, op, b in _questions(n, seed, split)]
+
+
+def calculator_traces(n: int, seed: int) -> list[dict]:
+    """n SFT records {"messages": [system, user, assistant tool call, tool result, answer]} on
+    train-split operands."""
+    from hone.agents.calculator import calculator  # late: hone.agents imports this package
+    from hone.agents.parsers import HermesParser, ToolCall
+    from hone.agents.tasks import ARITHMETIC_SYSTEM_PROMPT
+    from hone.agents.tools import describe_tools, tool_schema
+    # What the rollout shows a template without tool support (hone.agents.render.with_tools).
+    system = ARITHMETIC_SYSTEM_PROMPT + "\n\n" + describe_tools([tool_schema(calculator)])
+    parser, records = HermesParser(), []
+    for prompt, a, op, b in _questions(n, seed, "train"):
+        expression = f"{a} {op} {b}"
+        result = calculator(expression)
+        call = parser.format([ToolCall("calculator", {"expression": expression})])
+        records.append({"messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": prompt},
+            {"role": "assistant", "content": call},
+            {"role": "tool", "name": "calculator", "content": result},
+            {"role": "assistant", "content": f"{expression} = {result}"}]})
+    return records
+
+
+# ---- the bundled sets (fresh lists each call: callers may mutate records) --------------------
+
+def calculator_agent() -> list[dict]:
+    return calculator_examples(_SIZES["train"], seed=41, split="train")
+
+
+def calculator_agent_eval() -> list[dict]:
+    return calculator_examples(_SIZES["eval"], seed=42, split="eval")
+
+
+def calculator_agent_traces() -> list[dict]:
+    return calculator_traces(_SIZES["train"], seed=43)

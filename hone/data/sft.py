@@ -28,13 +28,14 @@ the start and end of each assistant content, found by rendering prefixes: the te
 message i is `template(messages[:i], add_generation_prompt=True)`, the text through it is
 `template(messages[:i+1])`, and both must be prefixes of the whole rendering (else the record is an
 `InputError`: train that template with `loss_on="all"`). An assistant message that opens the
-conversation has no prefix to render: its turn starts after the first occurrence, in its rendering, of
-the generation prompt (the text `add_generation_prompt=True` adds after a probe user message). A
-tool-call turn of a template that writes tool calls itself has no verbatim content to find: the
+conversation has no prefix to render: its turn starts after the first occurrence, in its rendering,
+of the generation prompt (the text `add_generation_prompt=True` adds after a probe user message).
+A tool-call turn of a template that writes tool calls itself has no verbatim content to find: the
 whole turn (the text between the two renderings) is trained through its first end-of-turn token.
-Each segment is tokenized on its own and the ids are concatenated. The prompt segments are therefore tokenized exactly as `hone.generate`
-tokenizes `apply_chat_template(messages[:i], add_generation_prompt=True)` at inference (first segment
-with special tokens and one BOS, the rest without), and the assistant content starts on a fresh
+Each segment is tokenized on its own and the ids are concatenated. The prompt segments are
+therefore tokenized exactly as `hone.generate` tokenizes
+`apply_chat_template(messages[:i], add_generation_prompt=True)` at inference (first segment with
+special tokens and one BOS, the rest without), and the assistant content starts on a fresh
 token, as generated text does: training and inference agree at the boundary the model must learn.
 This can differ from tokenizing the whole rendering at once only where a BPE merge would cross a
 boundary; for ChatML templates (special tokens and a newline at every boundary) the ids are the same.
@@ -327,7 +328,8 @@ def parse_messages(value: Any, where: Where, name: str, tools: bool = False) -> 
         if calls and message.get("content") is None:
             content = ""  # a turn that only calls tools
         else:
-            content = where.string(where.field(message, "content", f"{at}.content"), f"{at}.content")
+            content = where.string(where.field(message, "content", f"{at}.content"),
+                                   f"{at}.content")
         if role == "tool":
             for key in ("name", "tool_call_id"):
                 if message.get(key) is not None:
@@ -368,8 +370,8 @@ class Where:
     def render(self, tokenizer, messages: list[dict], add_generation_prompt: bool,
                extra: dict[str, Any] | None = None) -> str:
         try:
-            return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                                 **(extra or {}))
+            return tokenizer.apply_chat_template(
+                messages, add_generation_prompt=add_generation_prompt, **(extra or {}))
         except ChatTemplateError as err:  # the template's own raise_exception / Jinja errors
             raise self.error("messages", f"the chat template rejects this conversation "
                                          f"({err.detail})") from err

@@ -1,4 +1,4 @@
-"""Tool-use conversations for chat templates: checking them, and writing them for templates without tools.
+"""Tool-use conversations: checking them, and writing them for chat templates without tools.
 
 Records may carry the messages transformers' chat templates take for tool use (OpenAI's layout):
 - an assistant message with `tool_calls`: [{"type": "function", "function": {"name": str,
@@ -10,8 +10,8 @@ Templates differ in what they know. Choices:
 - A template renders tool calls itself when its source mentions `tool_calls`, and takes `tools=`
   when its source names `tools` (the variable transformers passes); a template's own format is what
   the model was trained on, so hone never overrides it.
-- For a template that does not render tool calls (ChatML as in the tiny preset, SmolLM2's), each call
-  is written into the assistant content as text, the Hermes/Qwen layout
+- For a template that does not render tool calls (ChatML as in the tiny preset, SmolLM2's), each
+  call is written into the assistant content as text, the Hermes/Qwen layout
   `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` (`tool_calls_as_text`), which
   `hone.agents.parsers` reads back. Tools such a template cannot take are described in the system
   message (`tools_system_text`). Training data and the agent sampler use these same two functions,

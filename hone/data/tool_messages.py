@@ -149,8 +149,16 @@ def _arguments(value: Any, where, key: str) -> dict:
         except json.JSONDecodeError as err:
             raise where.error(key, f"must be an object or a JSON object string; the string is "
                                    f"not JSON ({err.msg} at character {err.pos})") from None
+        except (ValueError, RecursionError) as err:  # a 5,000-digit number, nesting too deep
+            raise where.error(key, f"must be an object or a JSON object string; the string "
+                                   f"cannot be read ({type(err).__name__})") from None
     if not isinstance(value, dict):
         raise where.error(key, f"must be an object or a JSON object string, got {_kind(value)}")
+    try:  # it is written back as text: a lone surrogate ("\\ud800") from the string is not text
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except (ValueError, RecursionError) as err:  # UnicodeEncodeError is a ValueError
+        raise where.error(key, f"cannot be written as UTF-8 JSON text ({type(err).__name__})"
+                          ) from None
     return value
 
 

@@ -2,16 +2,17 @@
 
 The environment side lives here: `Environment`/`Step` (environment.py), tools and the worker
 processes that run them (tools.py), tool-call parsing (parsers.py), the calculator tool
-(calculator.py) and bundled environments (tasks.py).
+(calculator.py) and bundled environments (tasks.py). The sampler side: multi-turn episodes with
+the KV cache carried between turns (rollout.py, render.py), episodes as training rows
+(layout.py), the RL step's host side (collect.py) and the config's environment (factory.py).
 """
 
 from hone.agents.calculator import calculator
 from hone.agents.environment import Environment, Step, ToolEnvironment
 from hone.agents.parsers import HermesParser, ToolCall
+from hone.agents.rollout import Episode, rollout
 from hone.agents.tasks import ArithmeticTool, GuessNumber
 from hone.agents.tools import tool_schema
 
-# rollout: hone.agents.rollout (the multi-turn sampler)
-
-__all__ = ["ArithmeticTool", "Environment", "GuessNumber", "HermesParser", "Step", "ToolCall",
-           "ToolEnvironment", "calculator", "tool_schema"]
+__all__ = ["ArithmeticTool", "Environment", "Episode", "GuessNumber", "HermesParser", "Step",
+           "ToolCall", "ToolEnvironment", "calculator", "rollout", "tool_schema"]

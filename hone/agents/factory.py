@@ -5,8 +5,8 @@ one); `agent.tools: [package.module:function, ...]` builds a ToolEnvironment ove
 rewarded 1 when the final reply's last number matches the record's answer
 (`rewards.answer_column`). Every mistake (a path that does not import, a class that is not an
 Environment, a tool without type hints, an unknown parser) is an InputError naming the key, raised
-before anything of the run is written. One ToolRunner (its worker processes) serves every
-episode of the run.
+before anything of the run is written. Tool calls run in the process's shared worker pool
+(`hone.agents.tools.default_runner`): no episode starts a process of its own.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import functools
 
 from hone.agents.environment import Environment, ToolEnvironment
 from hone.agents.parsers import parser_from_name
-from hone.agents.tools import ToolRunner, tool_schema
+from hone.agents.tools import tool_schema
 from hone.datasets.arithmetic import is_correct
 from hone.errors import InputError
 from hone.rl.rewards import load_function
@@ -58,14 +58,8 @@ def environment_factory(cfg, log=print):
         except (TypeError, ValueError) as err:
             raise InputError(str(err), key=f"agent.tools[{i}]") from err
         tools.append(fn)
-    try:
-        parser = parser_from_name(a.parser)
-    except InputError:
-        raise
-    except Exception as err:  # noqa: BLE001
-        raise InputError(f"unknown parser {a.parser!r} ({err})", key="agent.parser") from err
-    runner = ToolRunner(timeout_s=a.tool_timeout_s)
+    parser = parser_from_name(a.parser)
     log(f"agent: tools {', '.join(fn.__name__ for fn in tools)}, up to {a.max_turns} turns")
     return functools.partial(ToolEnvironment, tools, AnswerReward(cfg.rewards.answer_column),
                              system_prompt=a.system_prompt, max_turns=a.max_turns,
-                             parser=parser, timeout_s=a.tool_timeout_s, runner=runner)
+                             parser=parser, timeout_s=a.tool_timeout_s)

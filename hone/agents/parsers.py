@@ -25,8 +25,6 @@ Design choices:
 
 from __future__ import annotations
 
-import functools
-import importlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -112,16 +110,8 @@ def parser_from_name(name: str, key: str = "agent.parser"):
     if ":" not in name:
         raise InputError(f"unknown parser {name!r}; built-in: {', '.join(PARSERS)}, or a class "
                          "'package.module:Name'", key=key)
-    module_name, _, attr = name.partition(":")
-    try:
-        obj = importlib.import_module(module_name)
-    except Exception as err:  # ImportError, or whatever the module raised while importing
-        raise InputError(f"cannot import module {module_name!r} of {name!r} "
-                         f"({type(err).__name__}: {err})", key=key) from err
-    try:
-        obj = functools.reduce(getattr, attr.split("."), obj)
-    except AttributeError as err:
-        raise InputError(f"module {module_name!r} has no {attr!r}", key=key) from err
+    from hone.rl.rewards import load_function
+    obj = load_function(name, key=key)
     if isinstance(obj, type):
         obj = obj()
     if not callable(getattr(obj, "parse", None)):

@@ -17,38 +17,32 @@ tokens where its reply is).
 
 Tools: a template that mentions `tools` gets the environment's JSON schemas as its `tools`
 argument; for one that does not, they are described in the system message
-(`hone.agents.tools.describe_tools`).
+(`hone.data.tool_messages.tools_system_text`, the text SFT data gets too).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from hone.data.tool_messages import for_template, takes_tools
 from hone.errors import InputError
 
 
 def supports_tools(tokenizer) -> bool:
     """Whether the tokenizer's chat template reads a `tools` argument."""
-    source = getattr(tokenizer, "chat_template", None) or ""
-    return "tools" in source
+    return takes_tools(getattr(tokenizer, "chat_template", None))
 
 
 def with_tools(messages: list[dict], tools: list[dict] | None, native: bool) -> tuple[list[dict],
                                                                                   dict[str, Any]]:
     """(messages, extra template arguments) that show the model its tools: the `tools` argument
-    when the template takes it (`native`), else a description in the system message."""
+    when the template takes it (`native`), else a description in the system message (the text
+    SFT data gets: `hone.data.tool_messages.tools_system_text`)."""
     if not tools:
         return list(messages), {}
     if native:
         return list(messages), {"tools": tools}
-    from hone.agents.tools import describe_tools
-    text = describe_tools(tools)
-    messages = [dict(m) for m in messages]
-    if messages and messages[0].get("role") == "system":
-        messages[0]["content"] = f"{messages[0].get('content') or ''}\n\n{text}".strip()
-    else:
-        messages.insert(0, {"role": "system", "content": text})
-    return messages, {}
+    return for_template(list(messages), tools, None)
 
 
 def opening_text(tokenizer, messages: list[dict], extra: dict[str, Any]) -> str:

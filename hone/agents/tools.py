@@ -40,6 +40,8 @@ import typing
 import weakref
 from typing import Any, Callable, Literal, Union
 
+from hone.data.tool_messages import tools_system_text as describe_tools  # noqa: F401 - re-exported
+
 Result = tuple[bool, str, "str | None"]  # (ok, result or error text, event counter or None)
 
 # ---- schemas ---------------------------------------------------------------------------------
@@ -127,22 +129,6 @@ def tool_schema(fn: Callable) -> dict:
     return {"type": "function", "function": {
         "name": name, "description": description,
         "parameters": {"type": "object", "properties": properties, "required": required}}}
-
-
-def describe_tools(schemas: list[dict]) -> str:
-    """System-message text that lists the tools and says exactly how to call them, for chat
-    templates without tool support (the format `HermesParser` reads)."""
-    lines = ["You can call these tools:", ""]
-    for schema in schemas:
-        f = schema["function"]
-        lines.append(f"- {f['name']}: {f.get('description', '')}".rstrip())
-        lines.append("  arguments (JSON Schema): " + json.dumps(f["parameters"],
-                                                                 ensure_ascii=False))
-    lines += ["", "To call a tool, write exactly:", "<tool_call>",
-              '{"name": "TOOL_NAME", "arguments": {"ARGUMENT": VALUE}}', "</tool_call>",
-              "with the arguments as a JSON object. Each result comes back in a message from the "
-              "tool. When you are done, answer without a tool call."]
-    return "\n".join(lines)
 
 
 # ---- running one call ------------------------------------------------------------------------

@@ -49,15 +49,22 @@ def tool_calls_as_text(message: dict) -> str:
     return "\n".join(([content] if content.strip() else []) + blocks)
 
 
-def tools_system_text(tools: list[dict]) -> str:
-    """A system-message paragraph describing `tools` (JSON function schemas) and how to call them,
-    for templates that cannot take `tools=`: one schema per line, then the call format of
-    `tool_calls_as_text`."""
-    schemas = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
-    return ("You can call these functions. Their JSON schemas:\n" + schemas + "\n"
-            "To call one, write a block like this for each call:\n"
-            f'{TOOL_CALL_OPEN}\n{{"name": "FUNCTION_NAME", "arguments": {{"ARGUMENT": "VALUE"}}}}\n'
-            f"{TOOL_CALL_CLOSE}")
+def tools_system_text(schemas: list[dict]) -> str:
+    """System-message text that lists the tools (JSON function schemas) and says exactly how to
+    call them, for chat templates that cannot take `tools=`: the call format of
+    `tool_calls_as_text`, which `hone.agents.parsers.HermesParser` reads. SFT data and the agent
+    sampler both describe tools with this text, so a warm-started model sees the same prompt."""
+    lines = ["You can call these tools:", ""]
+    for schema in schemas:
+        f = schema["function"]
+        lines.append(f"- {f['name']}: {f.get('description', '')}".rstrip())
+        lines.append("  arguments (JSON Schema): " + json.dumps(f["parameters"],
+                                                                 ensure_ascii=False))
+    lines += ["", "To call a tool, write exactly:", "<tool_call>",
+              '{"name": "TOOL_NAME", "arguments": {"ARGUMENT": VALUE}}', "</tool_call>",
+              "with the arguments as a JSON object. Each result comes back in a message from the "
+              "tool. When you are done, answer without a tool call."]
+    return "\n".join(lines)
 
 
 def renders_tool_calls(template: str | None) -> bool:

@@ -10,6 +10,7 @@ from typing import Callable
 
 from hone.datasets import arithmetic as _arithmetic
 from hone.datasets import calculator as _calculator
+from hone.datasets import guess as _guess
 from hone.datasets.arithmetic import extract_answer, is_correct
 
 BUILTIN: dict[str, Callable[[], list[dict]]] = {
@@ -22,6 +23,8 @@ BUILTIN: dict[str, Callable[[], list[dict]]] = {
     "calculator-agent": _calculator.calculator_agent,
     "calculator-agent-eval": _calculator.calculator_agent_eval,
     "calculator-traces": _calculator.calculator_agent_traces,
+    "guess-number": _guess.guess_number,
+    "guess-number-eval": _guess.guess_number_eval,
 }
 
 __all__ = ["BUILTIN", "extract_answer", "is_correct"]

@@ -107,7 +107,7 @@ def test_tools_are_described_in_the_system_message_otherwise():
     assert TINY.decode(joined.tokens).startswith(
         "<|im_start|>system\nBe brief.\n\n" + tools_system_text([ADD]) + "<|im_end|>\n")
     assert trained_text(TINY, bare) == trained_text(TINY, joined)
-    assert json.dumps(ADD) in tools_system_text([ADD]) and "<tool_call>" in tools_system_text([ADD])
+    assert json.dumps(ADD["function"]["parameters"], ensure_ascii=False) in tools_system_text([ADD]) and "<tool_call>" in tools_system_text([ADD])
 
 
 def test_conversational_prompt_completion_with_tools():

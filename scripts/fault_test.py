@@ -1,7 +1,10 @@
-"""Kill tiny SFT, DPO and GRPO runs with SIGKILL at random moments, resume them, and check that
-each ends bit-identical to a run that was never interrupted.
+"""Kill tiny SFT, DPO, GRPO and agentic GRPO runs with SIGKILL at random moments, resume them, and
+check that each ends bit-identical to a run that was never interrupted.
 
-    python scripts/fault_test.py --trials 24 [--algos sft,dpo,grpo] [--seed 0] [--doc]
+    python scripts/fault_test.py --trials 24 [--algos sft,dpo,grpo,agent] [--seed 0] [--doc]
+
+`agent` is GRPO over multi-turn episodes (configs/tiny/agent_grpo.yaml: the guess-the-number
+environment, seeded from the run seed, the step and the episode).
 
 Each algorithm first runs once straight through (timed). A trial then starts the same run in a
 fresh folder and kills it one to three times before letting it finish. A kill lands inside a
@@ -46,15 +49,20 @@ RUNS = {
             "train.eval_every=10"],
     "grpo": ["train.max_steps=12", "checkpoint.every_steps=3", "train.batch_size=8",
              "grpo.eval_prompts=4", "train.eval_every=6"],
+    "agent": ["train.max_steps=6", "checkpoint.every_steps=2", "train.batch_size=8",
+              "grpo.eval_prompts=4", "train.eval_every=3"],
 }
+# algo -> (command, tiny config)
+COMMANDS = {"agent": ("grpo", "agent_grpo")}
 _TMP = ".orbax-checkpoint-tmp"
 # The first kill of trial i is MODES[i % 3]; later ones draw from the last two.
 MODES = ("save", "step", "time")
 
 
 def command(algo: str, run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "hone.cli", algo, "--config",
-            str(ROOT / f"configs/tiny/{algo}.yaml"), f"run_dir={run_dir}", *COMMON, *RUNS[algo]]
+    name, config = COMMANDS.get(algo, (algo, algo))
+    return [sys.executable, "-m", "hone.cli", name, "--config",
+            str(ROOT / f"configs/tiny/{config}.yaml"), f"run_dir={run_dir}", *COMMON, *RUNS[algo]]
 
 
 def _timing(key: str) -> bool:
@@ -183,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=24, help="trials in all, spread over "
                         "the algorithms in turn (default 24)")
-    parser.add_argument("--algos", default="sft,dpo,grpo")
+    parser.add_argument("--algos", default="sft,dpo,grpo,agent")
     parser.add_argument("--seed", type=int, default=0, help="draws the kill moments")
     parser.add_argument("--work", default=None, help="scratch folder (default: a temp dir)")
     parser.add_argument("--doc", action="store_true",

@@ -1,6 +1,8 @@
 """scripts/fault_test.py at small scale: one SIGKILL trial each of SFT (killed inside a
-checkpoint write), DPO (at a random moment of training) and GRPO (at a random time after the
-start), each resumed run bit-identical to the uninterrupted one. `--trials 24` runs the full version behind docs/RELIABILITY.md."""
+checkpoint write), DPO (at a random moment of training) and agentic GRPO (multi-turn episodes,
+at a random time after the start), each resumed run bit-identical to the uninterrupted one.
+(GRPO's single-turn path shares the loop, step and checkpoint with the agentic one; the full
+script runs it too.) `--trials 24` runs the full version behind docs/RELIABILITY.md."""
 
 import json
 import subprocess
@@ -12,13 +14,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_killed_runs_resume_bit_identical(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "scripts/fault_test.py"), "--trials", "3",
-                          "--seed", "1", "--work", str(tmp_path)], cwd=ROOT,
+                          "--seed", "1", "--algos", "sft,dpo,agent", "--work", str(tmp_path)], cwd=ROOT,
                          capture_output=True, text=True, timeout=900)
     lines = [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")]
     trials = [l for l in lines if "trial" in l]
     summary = lines[-1]["summary"]
     assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-3000:])
-    assert [t["algo"] for t in trials] == ["sft", "dpo", "grpo"]
+    assert [t["algo"] for t in trials] == ["sft", "dpo", "agent"]
     assert all(t["identical_state"] and t["identical_metrics"] for t in trials), trials
     assert summary["trials"] == summary["ok"] == 3
     first = [t["kills"][0] for t in trials]

@@ -62,3 +62,23 @@ def episode_rows(episodes: Sequence[Episode], prompt_tokens: int, length: int,
             "targets": shift(tokens, pad_id), "loss_mask": shift(model, 0.0),
             "sampler_logp": shift(logp, 0.0), "turn_index": shift(turn, -1)}
 
+
+
+def turn_arrays(episodes: Sequence[Episode], rows: dict[str, np.ndarray], gamma: float,
+                turn_gamma: float) -> tuple[np.ndarray, np.ndarray]:
+    """PPO's per-turn rewards and discounts over `episode_rows`' slots, both [B, L]:
+    turn_rewards holds each model turn's reward at the slot that predicts the turn's last token;
+    discount is `gamma` (per token) from each model token to the next one, times `turn_gamma`
+    (agent.gamma) from a turn's last token to the next turn's first (`gae_over_mask` skips the
+    environment's tokens in between)."""
+    turn = rows["turn_index"]
+    rewards = np.zeros(turn.shape, np.float32)
+    discount = np.full(turn.shape, gamma, np.float32)
+    for r, ep in enumerate(episodes):
+        slots = np.nonzero(turn[r] >= 0)[0]
+        for t, reward in enumerate(ep.rewards):
+            mine = slots[turn[r, slots] == t]
+            if len(mine):
+                rewards[r, mine[-1]] = reward
+                discount[r, mine[-1]] = gamma * turn_gamma
+    return rewards, discount

@@ -228,32 +228,49 @@ def policy_loss(logp: jax.Array, old_logp: jax.Array, adv: jax.Array, mask: jax.
     return loss, metrics
 
 
-def gae(rewards: jax.Array, values: jax.Array, mask: jax.Array, *, gamma: float = 1.0,
-        lam: float = 0.95) -> tuple[jax.Array, jax.Array]:
+def gae(rewards: jax.Array, values: jax.Array, mask: jax.Array, *,
+        gamma: float | jax.Array = 1.0, lam: float = 0.95) -> tuple[jax.Array, jax.Array]:
     """Generalised advantage estimation (Schulman et al. 2016): [B, T] -> (advantages, returns).
 
     Sequences are right-padded (mask 1 on the real tokens, then 0). With the next position's
     value and mask (0 past the end), TRL's PPO convention:
       δ_t = r_t + γ·V_{t+1}·m_{t+1} - V_t,   A_t = δ_t + γλ·m_{t+1}·A_{t+1},   R_t = A_t + V_t,
-    all 0 where the mask is 0. A reverse lax.scan over T.
+    all 0 where the mask is 0. A reverse lax.scan over T. gamma may be an array [B, T]: the
+    discount from position t to t+1 (per-turn discounts of multi-turn episodes, `gae_over_mask`).
     """
     r, v = _promote(rewards, values)
     keep = jnp.asarray(mask).astype(bool)  # [B, T]
     r, v = jnp.where(keep, r, 0.0), jnp.where(keep, v, 0.0)
+    g = jnp.broadcast_to(jnp.asarray(gamma, r.dtype), r.shape)  # [B, T]
     pad = jnp.zeros_like(r[..., :1])  # [B, 1]
     next_m = jnp.concatenate([keep[..., 1:].astype(r.dtype), pad], axis=-1)  # [B, T]
     next_v = jnp.concatenate([v[..., 1:], pad], axis=-1)  # [B, T], already 0 past the end
-    delta = r + gamma * next_v - v  # [B, T]
+    delta = r + g * next_v - v  # [B, T]
 
     def step(a_next, xs):  # a_next: A_{t+1} [B]
-        delta_t, next_m_t = xs
-        a = delta_t + gamma * lam * next_m_t * a_next
+        delta_t, next_m_t, g_t = xs
+        a = delta_t + g_t * lam * next_m_t * a_next
         return a, a
 
-    time_major = (jnp.moveaxis(delta, -1, 0), jnp.moveaxis(next_m, -1, 0))  # [T, B] each
+    time_major = tuple(jnp.moveaxis(x, -1, 0) for x in (delta, next_m, g))  # [T, B] each
     _, adv = jax.lax.scan(step, pad[..., 0], time_major, reverse=True)  # [T, B]
     adv = jnp.where(keep, jnp.moveaxis(adv, 0, -1), 0.0)  # [B, T]
     return adv, jnp.where(keep, adv + v, 0.0)
+
+
+def gae_over_mask(rewards: jax.Array, values: jax.Array, mask: jax.Array, *,
+                  gamma: jax.Array, lam: float = 0.95) -> tuple[jax.Array, jax.Array]:
+    """`gae` over each row's masked positions only, in order, as if the positions between them
+    were not there: a multi-turn episode's model tokens, with the environment's tokens between
+    turns skipped, so a turn's advantage sees the rewards and values of the turns after it.
+    gamma [B, T]: the discount from each masked position to the next masked one. [B, T] ->
+    (advantages, returns), 0 where the mask is 0."""
+    keep = jnp.asarray(mask) > 0  # [B, T]
+    order = jnp.argsort(~keep, axis=-1, stable=True)  # masked positions first, in order
+    back = jnp.argsort(order, axis=-1)
+    take = lambda x: jnp.take_along_axis(jnp.asarray(x), order, axis=-1)  # noqa: E731
+    adv, ret = gae(take(rewards), take(values), take(keep), gamma=take(gamma), lam=lam)
+    return (jnp.take_along_axis(adv, back, axis=-1), jnp.take_along_axis(ret, back, axis=-1))
 
 
 def value_loss(values: jax.Array, old_values: jax.Array, returns: jax.Array, mask: jax.Array, *,

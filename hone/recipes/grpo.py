@@ -39,7 +39,7 @@ from hone.rl.policy_metrics import diagnostics, policy_means
 from hone.rl.prompts import load_prompts
 from hone.rl.remote_reference import RemoteReference, reference_split
 from hone.rl.reward_specs import make_rewards
-from hone.rl.rollout import flat_samples, tree_layout
+from hone.rl.rollout import completion_width, flat_samples, tree_layout
 from hone.rl.step import chunked, make_rl_step
 from hone.train.build import build_model, make_layout, open_run
 from hone.train.loop import LoopSpec, run_loop
@@ -48,15 +48,6 @@ from hone.train.reference import reference_mode, reference_model
 from hone.train.scoring import branch_logprobs, head_logprobs
 from hone.train.state import flatten, new_train_state, split_model, tree_bytes
 from hone.train.step import merge
-
-
-def completion_width(cfg) -> int:
-    """M: the completion slots of a rollout row; with an agent, the whole episode after its
-    opening (`hone.agents.layout`: L - P), of which the model's turns are a part."""
-    section = getattr(cfg, cfg.SECTION)
-    if cfg.agent.enabled:
-        return cfg.agent.max_episode_tokens - section.max_prompt_tokens
-    return section.max_new_tokens
 
 
 def completion_window(cfg) -> tuple[int, int]:
@@ -206,6 +197,7 @@ def run_grpo(cfg: GRPOConfig, *, log=print):
     def prepare(state, prompt_batch, step_index):  # the loop's host-side hook: the rollout
         if agent:
             rows, total, _, metrics = rollouts.collect(state, prompt_batch, step_index)
+            del rows["turn_index"]  # PPO's per-turn rewards read it; GRPO's loss does not
         else:
             rows, total, _, metrics = rollouts.collect(
                 state, prompt_batch, step_index, extra_rounds=grpo.dynamic_sampling_rounds)

@@ -28,9 +28,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from hone.agents.collect import AgentRollouts, make_agent_eval
+from hone.agents.factory import environment_factory
+from hone.agents.layout import turn_arrays
 from hone.config import PPOConfig
 from hone.data.shared_prefix import work_tokens
-from hone.losses.rl import gae, policy_loss, value_loss, whiten
+from hone.losses.rl import gae, gae_over_mask, policy_loss, value_loss, whiten
 from hone.models.loading import load_tokenizer
 from hone.parallel import logical_names
 from hone.rl.collect import Rollouts, make_rl_eval
@@ -39,7 +42,7 @@ from hone.rl.policy_metrics import diagnostics, policy_means
 from hone.rl.prompts import load_prompts
 from hone.rl.remote_reference import RemoteReference, reference_split
 from hone.rl.reward_specs import make_rewards
-from hone.rl.rollout import flat_samples, tree_layout
+from hone.rl.rollout import completion_width, flat_samples, tree_layout
 from hone.rl.step import chunked, make_rl_step
 from hone.train.build import make_layout, open_run
 from hone.train.loop import LoopSpec, run_loop
@@ -135,8 +138,13 @@ def make_scoring(cfg: PPOConfig, graphdef, template, mode: str | None, remote: b
         flat = flat_samples(dict(batch, **out)) if tree else dict(batch, **out)
         mask = flat["loss_mask"]
         kl = (flat["old_logp"] - flat["ref_logp"]) * mask  # [B, L] (tree rows: [B, M])
-        rewards = -state["kl_coef"] * kl + last_token(mask) * flat["scores"][:, None]
-        adv, returns = gae(rewards, flat["old_values"], mask, gamma=ppo.gamma, lam=ppo.lam)
+        if "turn_rewards" in flat:  # episodes: each turn's reward where the turn ends
+            rewards = -state["kl_coef"] * kl + flat["turn_rewards"]
+            adv, returns = gae_over_mask(rewards, flat["old_values"], mask,
+                                         gamma=flat["turn_discount"], lam=ppo.lam)
+        else:
+            rewards = -state["kl_coef"] * kl + last_token(mask) * flat["scores"][:, None]
+            adv, returns = gae(rewards, flat["old_values"], mask, gamma=ppo.gamma, lam=ppo.lam)
         if ppo.whiten_advantages:
             adv = whiten(adv, mask) * mask
         rows = jnp.maximum(jnp.sum(jnp.any(mask > 0, axis=1)), 1)
@@ -169,7 +177,9 @@ def run_ppo(cfg: PPOConfig, *, log=print):
     ppo = cfg.ppo
     tokenizer = load_tokenizer(cfg.model.source)
     prompts, held_out = load_prompts(cfg, ppo, tokenizer, log)
-    rewards = make_rewards(cfg, ppo, prompts, log)
+    agent = cfg.agent.enabled  # episodes, rewarded by their environment (checked before writing)
+    factory = environment_factory(cfg, log) if agent else None
+    rewards = None if agent else make_rewards(cfg, ppo, prompts, log)
     ref_devices, policy_devices = reference_split(cfg)
     layout = make_layout(cfg, devices=policy_devices)
     model, trainable, policy_trainable = build_ppo_model(cfg, layout)
@@ -208,29 +218,40 @@ def run_ppo(cfg: PPOConfig, *, log=print):
         minibatches=ppo.minibatches, score=score_fn, finish=finish_fn, layout=layout)
 
     groups = cfg.train.batch_size // ppo.group_size
-    tree = tree_layout(cfg, shards=layout.shards, minibatches=ppo.minibatches)
-    log(f"rollout rows: {'one per prompt, its samples sharing it' if tree else 'one per sample'}")
+    tree = not agent and tree_layout(cfg, shards=layout.shards, minibatches=ppo.minibatches)
+    log(f"rollout rows: {'one per prompt, its samples sharing it' if tree else 'one per sample'}"
+        + (f" (episodes of up to {cfg.agent.max_turns} turns)" if agent else ""))
     data_iter = prompts.iterator(groups, cfg.train.seed)
-    rollouts = Rollouts(cfg, ppo, pol_graphdef, pol_params, pol_frozen, tokenizer, prompts,
-                        data_iter, rewards, tree=tree)
+    if agent:
+        rollouts = AgentRollouts(cfg, ppo, pol_graphdef, pol_params, pol_frozen, tokenizer,
+                                 prompts, factory)
+        evaluate = make_agent_eval(rollouts, held_out)
+    else:
+        rollouts = Rollouts(cfg, ppo, pol_graphdef, pol_params, pol_frozen, tokenizer, prompts,
+                            data_iter, rewards, tree=tree)
+        evaluate = make_rl_eval(rollouts, held_out)
 
     def prepare(state, prompt_batch, step_index):  # the loop's host-side hook: the rollout
-        rows, total, _, metrics = rollouts.collect({"params": policy_part(state["params"])},
-                                                   prompt_batch, step_index)
+        rows, total, episodes, metrics = rollouts.collect(
+            {"params": policy_part(state["params"])}, prompt_batch, step_index)
         scores = np.asarray(total, np.float32)
         rows["scores"] = scores.reshape(groups, ppo.group_size) if tree else scores
+        if agent:  # per-turn rewards and discounts (agent.gamma between turns)
+            rows["turn_rewards"], rows["turn_discount"] = turn_arrays(
+                episodes, rows, ppo.gamma, cfg.agent.gamma)
+            del rows["turn_index"]
         if reference is not None:
             if mode == "ema":  # the EMA as the last step left it, as the in-step reference reads
                 reference.transfer_params(state["ema"])
             rows["ref_logp"] = reference(rows)
         return rows, metrics
 
-    evaluate = make_rl_eval(rollouts, held_out)
     spec = LoopSpec(
         train_step=step, state=state, frozen=frozen, aux=aux, data=data_iter,
         eval_fn=None if evaluate is None else (lambda params: evaluate(policy_part(params))),
         prepare=prepare, place_batch=layout.place_batch, tokens_per_batch=work_tokens,
-        flops_per_token=model.config.flops_per_token(ppo.max_prompt_tokens + ppo.max_new_tokens),
+        flops_per_token=model.config.flops_per_token(ppo.max_prompt_tokens
+                                                     + completion_width(cfg)),
         extra_metrics=policy_means, eval_at_start=True)
     final = run_loop(spec, cfg, run_dir)
     trained = nnx.merge(graphdef, unflatten(params, final["params"]), frozen)

@@ -154,6 +154,15 @@ def tree_layout(cfg, shards: int = 1, minibatches: int = 1) -> bool:
     return section.shared_prompt and groups % (shards * minibatches * cfg.train.grad_accum) == 0
 
 
+def completion_width(cfg) -> int:
+    """M: the completion slots of a rollout row; with an agent, the whole episode after its
+    opening (`hone.agents.layout`: L - P), of which the model's turns are a part."""
+    section = getattr(cfg, cfg.SECTION)
+    if cfg.agent.enabled:
+        return cfg.agent.max_episode_tokens - section.max_prompt_tokens
+    return section.max_new_tokens
+
+
 # The per-sample arrays a tree batch may hold: [groups, G, ...] in the batch (so minibatches
 # draw whole groups), one row per sample in the losses.
 PER_SAMPLE = ("loss_mask", "sampler_logp", "old_logp", "ref_logp", "old_values", "returns",

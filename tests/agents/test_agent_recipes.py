@@ -1,0 +1,100 @@
+"""`hone grpo` and `hone ppo` with an `agent:` section on the tiny preset: the episodes train
+(metrics of turns, environment tokens and limits; the sampler's log-probabilities are the
+trainer's), PPO's per-turn rewards and discounts reach GAE over the model's tokens only, and
+config mistakes are exit-code-2 errors naming the key before anything is written."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hone.config import GRPOConfig, PPOConfig, load_config
+from hone.errors import InputError
+from hone.losses.rl import gae, gae_over_mask
+from hone.recipes.ppo import run_ppo
+
+ROOT = Path(__file__).resolve().parents[2]
+GAME = ["data.path=builtin:guess-number", "data.eval_path=builtin:guess-number-eval",
+        "agent.environment=hone.agents.tasks:GuessNumber", "agent.max_turns=3",
+        "agent.max_episode_tokens=416", "agent.max_env_tokens=64"]
+
+
+def rows(run_dir) -> list[dict]:
+    return [json.loads(l) for l in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_gae_over_mask_skips_the_environments_tokens():
+    # Two turns [model, model, env, env, model] and padding; the second turn's reward must
+    # reach the first turn's tokens through the per-turn discount.
+    mask = np.array([[1, 1, 0, 0, 1, 0]], np.float32)
+    rewards = np.array([[0.0, 0.5, 9.0, 9.0, 1.0, 9.0]], np.float32)
+    values = np.array([[0.1, 0.2, 7.0, 7.0, 0.3, 7.0]], np.float32)
+    discount = np.array([[0.9, 0.9 * 0.5, 0.9, 0.9, 0.9, 0.9]], np.float32)
+    adv, ret = gae_over_mask(rewards, values, mask, gamma=discount, lam=0.8)
+    # By hand over the model tokens only (r 0, .5, 1; V .1, .2, .3; gammas .9, .45):
+    d2 = 1.0 - 0.3
+    d1 = 0.5 + 0.45 * 0.3 - 0.2
+    d0 = 0.0 + 0.9 * 0.2 - 0.1
+    a2, a1 = d2, d1 + 0.45 * 0.8 * d2
+    a0 = d0 + 0.9 * 0.8 * a1
+    np.testing.assert_allclose(np.asarray(adv)[0], [a0, a1, 0, 0, a2, 0], atol=1e-6)
+    np.testing.assert_allclose(np.asarray(ret)[0], [a0 + .1, a1 + .2, 0, 0, a2 + .3, 0],
+                               atol=1e-6)
+    # With nothing between the model tokens it is plain GAE.
+    full = np.ones((1, 4), np.float32)
+    a, _ = gae_over_mask(rewards[:, :4], values[:, :4], full, gamma=np.full((1, 4), .9), lam=.8)
+    b, _ = gae(jnp.asarray(rewards[:, :4]), jnp.asarray(values[:, :4]), full, gamma=.9, lam=.8)
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+
+
+def test_agentic_ppo_trains_on_episodes_with_per_turn_rewards(tmp_path):
+    cfg = load_config(PPOConfig, str(ROOT / "configs/tiny/ppo.yaml"), [
+        f"run_dir={tmp_path}", "log.sinks=[jsonl]", "train.max_steps=2", "train.eval_every=2",
+        "ppo.max_prompt_tokens=224", "ppo.max_new_tokens=12", "ppo.eval_prompts=2",
+        "ppo.top_k=64", "agent.gamma=0.9", *GAME])
+    lines = []
+    run_ppo(cfg, log=lines.append)
+    assert any("episodes of up to 3 turns" in l for l in lines)
+    start, *m = rows(tmp_path)
+    assert start["step"] == 0 and "eval_turns" in start
+    last = m[-1]
+    assert 1 <= last["agent/turns_mean"] <= 3 and last["agent/env_tokens_mean"] > 0
+    assert last["agent/cut_fraction"] + last["agent/done_fraction"] == pytest.approx(1.0)
+    assert "agent/bad_replies" in last and np.isfinite(last["loss"])
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["agent.environment=hone.agents.nowhere:Env"], "agent.environment"),
+    (["agent.environment=hone.agents.calculator:calculator"], "agent.environment"),
+    (["agent.environment=hone.agents.tasks:GuessNumber", "agent.tools=[x:y]"], "agent.tools"),
+    (["agent.environment=null", "agent.tools=[hone.datasets.arithmetic:nothing]"],
+     "agent.tools[0]"),
+    (["agent.environment=null", "agent.tools=[hone.agents.calculator:calculator]",
+      "agent.parser=nope"], "agent.parser"),
+    (["agent.environment=hone.agents.tasks:GuessNumber", "agent.max_episode_tokens=200"],
+     "agent.max_episode_tokens"),
+])
+def test_config_mistakes_name_the_key_before_anything_is_written(tmp_path, overrides, key):
+    from hone.agents.factory import environment_factory
+    run_dir = tmp_path / "run"
+    args = [f"run_dir={run_dir}", "grpo.max_prompt_tokens=224", *overrides]
+    with pytest.raises(InputError) as err:
+        cfg = load_config(GRPOConfig, str(ROOT / "configs/tiny/agent_grpo.yaml"), args)
+        environment_factory(cfg, log=lambda s: None)
+    assert err.value.key == key
+    assert not run_dir.exists()
+
+
+def test_the_cli_exits_with_code_2_on_an_environment_that_is_not_one(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "hone.cli", "grpo", "--config",
+                          str(ROOT / "configs/tiny/agent_grpo.yaml"), f"run_dir={tmp_path / 'r'}",
+                          "agent.environment=hone.agents.calculator:calculator"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "agent.environment" in out.stderr
+    assert not (tmp_path / "r").exists()

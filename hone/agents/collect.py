@@ -50,7 +50,7 @@ class AgentRollouts:
                        temperature=temperature, top_k=None if temperature == 0 else s.top_k,
                        top_p=None if temperature == 0 else s.top_p, seed=seed,
                        group_size=group_size, prompt_bucket=s.max_prompt_tokens,
-                       max_opening_tokens=s.max_prompt_tokens,
+                       max_opening_tokens=s.max_prompt_tokens, env_timeout_s=a.env_timeout_s,
                        cache_dtype=None if s.cache_dtype == "auto" else s.cache_dtype)
 
     def collect(self, state, prompt_batch, step: int):

@@ -24,9 +24,11 @@ it is cut there and the episode ends: `limit = "max_episode_tokens"`). Tool resu
 of at least the slot count (padding between turns would otherwise push real keys out of it).
 
 Robustness: a factory or reset that raises leaves its episode empty (no tokens, the fallback
-reward); a step that raises ends its episode with the fallback reward; both are counted in
-`Episode.events` and never stop the batch. Tool calls themselves run inside the environment
-(`hone.agents.environment.ToolEnvironment`: worker processes, timeouts).
+reward); a step that raises ends its episode with the fallback reward; a reset or step that runs
+past `env_timeout_s` is interrupted (SIGALRM raises inside it; the rollout must run in the main
+thread for that, else there is no limit) and treated the same; each is counted in
+`Episode.events` and never stops the batch. Tool calls themselves run inside the environment
+(`hone.agents.environment.ToolEnvironment`: worker processes that are killed on a timeout).
 
 Randomness: the sampler's keys come from `seed` (turn t draws with fold_in(key(seed), t)), each
 environment is seeded with `episode_seed(seed, example, copy)` before its reset: the episodes are
@@ -35,6 +37,9 @@ a function of the weights, the examples and the seed only (exact resume).
 
 from __future__ import annotations
 
+import signal
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -49,6 +54,30 @@ from hone.sampling.generate import bucket, encode_prompt
 from hone.sampling.strategies import SamplingMode
 
 CUT_MARK = "\n[cut: {n} more tokens]"
+
+
+class EnvTimeout(Exception):
+    """An environment's reset or step ran past its time."""
+
+
+@contextmanager
+def _deadline(seconds: float | None):
+    """Raise EnvTimeout inside the block after `seconds` (SIGALRM; main thread only, where
+    Python runs signal handlers; elsewhere no limit)."""
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise EnvTimeout(f"no answer within {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 @dataclass
@@ -124,7 +153,7 @@ def _cut_tools(tokenizer, messages: list[dict], max_tool_tokens: int, ep: Episod
             if len(ids) > max_tool_tokens:
                 m = dict(m, content=tokenizer.decode(ids[:max_tool_tokens])
                          + CUT_MARK.format(n=len(ids) - max_tool_tokens))
-                ep.count("tool_results_cut")
+                ep.count("tool_tokens_cut")
         out.append(m)
     return out
 
@@ -142,7 +171,8 @@ def rollout(model, tokenizer, factory: Callable, examples: Sequence[dict], *, ma
             top_k: int | None = None, top_p: float | None = None, seed: int = 0,
             group_size: int = 1, prompt_bucket: int | None = None,
             max_opening_tokens: int | None = None, cache_dtype=None,
-            eos_ids: Sequence[int] | None = None) -> list[Episode]:
+            eos_ids: Sequence[int] | None = None,
+            env_timeout_s: float | None = 60.0) -> list[Episode]:
     """Play `group_size` episodes of each example (example-major: episode i·G + j is copy j of
     example i) with `model`'s current weights; see the module docstring.
 
@@ -150,7 +180,8 @@ def rollout(model, tokenizer, factory: Callable, examples: Sequence[dict], *, ma
     tokens an environment turn may add (default max_tool_tokens + 64): a longer one ends the
     episode (`limit = "max_env_tokens"`). prompt_bucket: pad openings to at least this many
     tokens (one compiled shape per run). max_opening_tokens: a longer opening does not start
-    (counted as `openings_too_long`; default max_episode_tokens - max_new_tokens)."""
+    (counted as `openings_too_long`; default max_episode_tokens - max_new_tokens).
+    env_timeout_s: the time one reset or step may take (None: no limit)."""
     cfg = model.config
     max_env_tokens = max_env_tokens or -(-(max_tool_tokens + 64) // 16) * 16
     _check(max_turns, max_new_tokens, max_episode_tokens, max_tool_tokens, max_env_tokens,
@@ -164,7 +195,8 @@ def rollout(model, tokenizer, factory: Callable, examples: Sequence[dict], *, ma
     for i, example in enumerate(examples):
         for j in range(g):
             live, ids = _start(factory, dict(example), episode_seed(seed, i, j), tokenizer,
-                               native, max_opening_tokens or max_episode_tokens - max_new_tokens)
+                               native, max_opening_tokens or max_episode_tokens - max_new_tokens,
+                               env_timeout_s)
             lives.append(live)
             openings.append(ids)
     shared = g > 1 and all(
@@ -216,7 +248,7 @@ def rollout(model, tokenizer, factory: Callable, examples: Sequence[dict], *, ma
             if live.active:
                 ids = _after_model_turn(live, sampled[r], logps[r], eos_set, tokenizer, turn,
                                         max_turns, max_episode_tokens, max_tool_tokens,
-                                        max_env_tokens)
+                                        max_env_tokens, env_timeout_s)
                 if ids is not None:
                     appended[r] = ids
         if not appended:
@@ -231,18 +263,22 @@ def rollout(model, tokenizer, factory: Callable, examples: Sequence[dict], *, ma
     return [live.ep for live in lives]
 
 
-def _start(factory, example: dict, seed: int, tokenizer, native: bool, room: int):
+def _start(factory, example: dict, seed: int, tokenizer, native: bool, room: int,
+           timeout: float | None):
     """(live episode, opening token ids or None when it could not start)."""
-    env = None
     live = _Live(None, example)
     try:
-        env = factory()
-        live.env = env
-        if hasattr(env, "seed"):
-            env.seed(seed)
-        opening = list(env.reset(example))
+        with _deadline(timeout):
+            env = factory()
+            live.env = env
+            if hasattr(env, "seed"):
+                env.seed(seed)
+            opening = list(env.reset(example))
         messages, extra = with_tools(opening, getattr(env, "tools", None), native)
         ids = encode_prompt(tokenizer, opening_text(tokenizer, messages, extra))
+    except EnvTimeout:
+        live.fail("env_timeouts")
+        return live, None
     except Exception:  # noqa: BLE001 - an environment's failure ends its own episode only
         live.fail("reset_errors")
         return live, None
@@ -258,7 +294,8 @@ def _start(factory, example: dict, seed: int, tokenizer, native: bool, room: int
 
 def _after_model_turn(live: _Live, sampled: np.ndarray, logps: np.ndarray, eos: set[int],
                       tokenizer, turn: int, max_turns: int, max_episode_tokens: int,
-                      max_tool_tokens: int, max_env_tokens: int) -> list[int] | None:
+                      max_tool_tokens: int, max_env_tokens: int,
+                      timeout: float | None) -> list[int] | None:
     """Record a row's model turn, play the environment's answer; the environment's tokens to
     append when the episode goes on, else None (and the episode is finished)."""
     ep = live.ep
@@ -285,11 +322,16 @@ def _after_model_turn(live: _Live, sampled: np.ndarray, logps: np.ndarray, eos: 
         ep.limit, live.active = "max_episode_tokens", False
         return None
     try:
-        step = live.env.step(reply)
+        with _deadline(timeout):
+            step = live.env.step(reply)
         new = _messages(step)
         reward = float(getattr(step, "reward", 0.0) or 0.0)
         for name, n in (getattr(step, "info", None) or {}).items():
             ep.count(name, n)
+    except EnvTimeout:
+        ep.rewards.append(0.0)
+        live.fail("env_timeouts")
+        return None
     except Exception:  # noqa: BLE001
         ep.rewards.append(0.0)
         live.fail("env_errors")

@@ -109,6 +109,9 @@ class AgentSection:
     parser: str = "hermes"
     # Seconds one tool call may run before its worker process is killed.
     tool_timeout_s: float = field(default=10.0, metadata={"gt": 0.0})
+    # Seconds an environment's reset or step may take; a slower one ends its episode with the
+    # fallback reward (counted as env_timeouts).
+    env_timeout_s: float = field(default=60.0, metadata={"gt": 0.0})
     # Discount of later turns' rewards (PPO/GAE with per-turn rewards); 1 = none.
     gamma: float = field(default=1.0, metadata={"min": 0.0, "max": 1.0})
 
@@ -233,6 +236,11 @@ class RLConfig(TrainConfig):
                              f"and one turn of {name}.max_new_tokens ({s.max_new_tokens}) do not "
                              f"fit agent.max_episode_tokens ({a.max_episode_tokens})",
                              key="agent.max_episode_tokens")
+        if a.enabled and a.env_timeout_s <= a.tool_timeout_s:
+            raise InputError(f"an environment step that runs tools needs more time than one tool "
+                             f"call: agent.env_timeout_s ({a.env_timeout_s}) must exceed "
+                             f"agent.tool_timeout_s ({a.tool_timeout_s})",
+                             key="agent.env_timeout_s")
         if a.environment is not None and a.tools:
             raise InputError("give an environment or tools, not both (an environment brings "
                              "its own tools)", key="agent.tools")

@@ -14,11 +14,10 @@ from flax import nnx
 from hone.agents.layout import episode_rows
 from hone.agents.rollout import rollout
 from hone.losses.rl import policy_loss, policy_loss_denominator
-from hone.models.loading import load_model, load_tokenizer
 from hone.rl.rollout import Samples, pack_rows
 from hone.sampling.generate import Completion
 from hone.train.scoring import head_logprobs
-from tests.agents.test_rollout import ENDS, EXAMPLES, Counter
+from scripted import EXAMPLES, KW, Counter
 
 
 def turn_rows(episodes, pad_id):
@@ -57,11 +56,9 @@ def loss_and_grads(model, rows, adv):
 
 
 @pytest.mark.parametrize("group", [2])
-def test_an_update_on_episodes_equals_the_update_on_their_turns(group):
-    model, tok = load_model("tiny", seed=3), load_tokenizer("tiny")
-    episodes = rollout(model, tok, Counter, EXAMPLES[1:4], max_turns=4, max_new_tokens=12,
-                       max_episode_tokens=256, top_k=50, seed=9, group_size=group,
-                       eos_ids=ENDS)
+def test_an_update_on_episodes_equals_the_update_on_their_turns(tiny, group):
+    model, tok = tiny
+    episodes = rollout(model, tok, Counter, EXAMPLES[1:4], seed=9, group_size=group, **KW)
     assert sum(ep.turns for ep in episodes) > len(episodes)  # several turns per episode
     adv = np.linspace(-1.0, 1.5, len(episodes)).astype(np.float32)
     p = max(ep.prompt_len for ep in episodes)

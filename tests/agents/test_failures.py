@@ -14,7 +14,7 @@ from faulty_env import Hangs
 from hone.agents.rollout import rollout
 from hone.config import GRPOConfig, load_config
 from hone.recipes.grpo import run_grpo
-from tests.agents.test_rollout import ENDS, tiny  # noqa: F401 - the fixture
+from scripted import KW
 ROOT = Path(__file__).resolve().parents[2]
 MODES = [None, "reset-raise", "step-raise"]
 
@@ -47,10 +47,8 @@ def test_hung_or_junk_environments_end_their_own_episodes(tiny):
     model, tok = tiny
     modes = ["reset-hang", "step-hang", "junk", "fine"]
     t0 = time.perf_counter()
-    eps = rollout(model, tok, Hangs, [{"mode": m} for m in modes], max_turns=3,
-                  max_new_tokens=8, max_episode_tokens=256, top_k=50, env_timeout_s=0.3,
-                  eos_ids=ENDS)
+    eps = rollout(model, tok, Hangs, [{"mode": m} for m in modes], env_timeout_s=0.3, **KW)
     assert time.perf_counter() - t0 < 20  # two hangs of 60 s were cut short
     events = [{k: v for k, v in e.events.items() if k != "turns_cut"} for e in eps]
     assert events == [{"env_timeouts": 1}, {"env_timeouts": 1}, {"env_errors": 1}, {}]
-    assert [e.turns for e in eps] == [0, 2, 1, 3] and eps[3].limit == "max_turns"
+    assert [e.turns for e in eps] == [0, 2, 1, 4] and eps[3].limit == "max_turns"

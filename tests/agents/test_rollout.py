@@ -4,8 +4,6 @@ layout (sampled ids kept, environment tokens = the template's rendering), limits
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
-
 import jax
 import numpy as np
 import pytest
@@ -13,47 +11,10 @@ from flax import nnx
 
 from hone.agents.render import after_turn_text
 from hone.agents.rollout import episode_metrics, rollout
-from hone.models.loading import load_model, load_tokenizer
+from scripted import ENDS, EXAMPLES, KW, Counter
 from hone.sampling.engine import TRACES
 
 TOL = 1e-4
-# A random tiny model almost never samples <|im_end|>: ending a turn on any of these 40 byte
-# ids gives turns of varied lengths (rows that end early leave gaps in the lockstep cache).
-ENDS = tuple(range(40)) + (260,)
-
-
-@dataclass
-class Step:
-    messages: list = field(default_factory=list)
-    reward: float = 0.0
-    done: bool = False
-    info: dict = field(default_factory=dict)
-
-
-class Counter:
-    """Answers every turn with a short user message; done after example['turns'] replies;
-    reward 1 per turn."""
-
-    tools = None
-
-    def seed(self, seed):
-        self.secret = seed % 97
-
-    def reset(self, example):
-        self.left = example["turns"]
-        return [{"role": "user", "content": example["prompt"]}]
-
-    def step(self, reply):
-        self.left -= 1
-        return Step([{"role": "user", "content": f"{len(reply)} chars, {self.secret}"}],
-                    reward=1.0, done=self.left <= 0, info={"replies": 1})
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return load_model("tiny", seed=3), load_tokenizer("tiny")
-
-
 @functools.partial(jax.jit, static_argnums=0)
 def _log_softmax_of(graphdef, state, tokens, mask):
     return jax.nn.log_softmax(nnx.merge(graphdef, state)(tokens, attention_mask=mask), axis=-1)
@@ -71,16 +32,11 @@ def teacher_forced(model, episodes):
             for i, e in enumerate(episodes)]
 
 
-EXAMPLES = [{"prompt": "Count with me.", "turns": 1}, {"prompt": "Two, please", "turns": 2},
-            {"prompt": "3", "turns": 3}, {"prompt": "Four turns now, go.", "turns": 4}]
-
-
-@pytest.mark.parametrize("count,group", [(4, 1), (1, 2), (3, 2)])
+@pytest.mark.parametrize("count,group", [(4, 1), (3, 2)])
 def test_logprobs_equal_a_forward_pass_over_the_finished_episode(tiny, count, group):
     model, tok = tiny
-    eps = rollout(model, tok, Counter, EXAMPLES[:count], max_turns=4, max_new_tokens=12,
-                  max_episode_tokens=256, temperature=1.0, top_k=50, seed=count,
-                  group_size=group, eos_ids=ENDS)
+    eps = rollout(model, tok, Counter, EXAMPLES[:count], temperature=1.0, seed=count,
+                  group_size=group, **KW)
     assert len(eps) == count * group
     for tf, ep in zip(teacher_forced(model, eps), eps):
         lp, mask = np.array(ep.logprobs[1:]), np.array(ep.model_mask[1:], bool)
@@ -96,8 +52,7 @@ def test_logprobs_equal_a_forward_pass_over_the_finished_episode(tiny, count, gr
 
 def test_episode_layout_is_the_sampled_ids_and_the_templates_rendering(tiny):
     model, tok = tiny
-    eps = rollout(model, tok, Counter, EXAMPLES[1:4], max_turns=4, max_new_tokens=12,
-                  max_episode_tokens=256, top_k=50, seed=5, eos_ids=ENDS)
+    eps = rollout(model, tok, Counter, EXAMPLES[1:4], seed=5, **KW)
     for ep in eps:
         mask = np.array(ep.model_mask)
         # Model spans: runs of 1s, one per turn, ending at turn_ends.
@@ -123,12 +78,10 @@ def test_episode_layout_is_the_sampled_ids_and_the_templates_rendering(tiny):
 
 def test_limits_cut_episodes_and_say_which(tiny):
     model, tok = tiny
-    many = [{"prompt": "again", "turns": 99}] * 2
-    eps = rollout(model, tok, Counter, many, max_turns=3, max_new_tokens=8,
-                  max_episode_tokens=256, top_k=50, seed=1, eos_ids=ENDS)
-    assert all(e.turns == 3 and e.limit == "max_turns" and not e.done for e in eps)
-    short = rollout(model, tok, Counter, many, max_turns=4, max_new_tokens=8,
-                    max_episode_tokens=40, top_k=50, seed=1, eos_ids=ENDS)
+    many = [{"prompt": "again", "turns": 99}] * 4
+    eps = rollout(model, tok, Counter, many, seed=1, **KW)
+    assert all(e.turns == 4 and e.limit == "max_turns" and not e.done for e in eps)
+    short = rollout(model, tok, Counter, many, seed=1, **dict(KW, max_episode_tokens=40))
     assert all(len(e.tokens) <= 40 and e.limit == "max_episode_tokens" for e in short)
     m = episode_metrics(eps + short)
     assert m["agent/cut_fraction"] == 1.0 and m["agent/done_fraction"] == 0.0
@@ -153,8 +106,7 @@ def test_a_failing_environment_ends_only_its_own_episode(tiny):
     model, tok = tiny
     examples = [{"prompt": "boom", "turns": 2}, {"prompt": "fine", "turns": 1},
                 {"prompt": "late", "turns": 3}]
-    eps = rollout(model, tok, Broken, examples, max_turns=4, max_new_tokens=8,
-                  max_episode_tokens=256, top_k=50, seed=2, eos_ids=ENDS)
+    eps = rollout(model, tok, Broken, examples, seed=2, **KW)
     events = [{k: v for k, v in e.events.items() if k != "turns_cut"} for e in eps]
     assert events[0] == {"reset_errors": 1} and eps[0].tokens == [] and eps[0].turns == 0
     assert events[1] == {"env_errors": 1} and eps[1].turns == 1 and not eps[1].done
@@ -163,8 +115,7 @@ def test_a_failing_environment_ends_only_its_own_episode(tiny):
 
 def test_turns_reuse_compiled_programs(tiny):
     model, tok = tiny
-    kw = dict(max_turns=4, max_new_tokens=12, max_episode_tokens=256, top_k=50, eos_ids=ENDS)
-    rollout(model, tok, Counter, EXAMPLES, seed=11, **kw)
+    rollout(model, tok, Counter, EXAMPLES, seed=11, **KW)
     before = dict(TRACES)
-    rollout(model, tok, Counter, EXAMPLES, seed=12, **kw)
+    rollout(model, tok, Counter, EXAMPLES, seed=12, **KW)
     assert dict(TRACES) == before

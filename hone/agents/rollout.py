@@ -14,7 +14,8 @@ its turn early writes nothing more, and the loop stops when every row has) and o
 that appends each continuing row's environment tokens to its live cache (left-padded to the
 turn's longest; the slots in between are invalid, never attended). No turn encodes the history
 again. Rows whose episode ended are batch padding from then on: they never generate, and the
-decode loop ends without waiting for them.
+decode loop ends without waiting for them; once at most half the rows go on, those are gathered
+into a batch of the next power of two (`engine.take_rows`), so later turns decode fewer rows.
 
 Slots: the cache holds P + max_turns·max_new_tokens + (max_turns - 1)·E slots (P the padded
 opening, E = `max_env_tokens` per environment turn), what the lockstep schedule can use at
@@ -49,7 +50,8 @@ import numpy as np
 
 from hone.agents.render import after_turn_text, opening_text, supports_tools, with_tools
 from hone.errors import InputError
-from hone.sampling.engine import decode, extend, pack_weights, prefill, split_for_sampling
+from hone.sampling.engine import (decode, extend, pack_weights, prefill, split_for_sampling,
+                                  take_rows)
 from hone.sampling.generate import bucket, encode_prompt
 from hone.sampling.strategies import SamplingMode
 
@@ -237,6 +239,7 @@ def rollout(model, tokenizer, factory: Callable, examples: Sequence[dict], *, ma
     state = prefill(graphdef, params, tokens, valid, key, temp, nucleus, mode=mode, total=total,
                     cache_dtype=dtype, copies=copies)
     packed = pack_weights(graphdef, params)
+    row_of = {r: r for r in range(len(lives))}  # the state row each live episode is on
     for turn in range(max_turns):
         state = decode(graphdef, params, packed, state, jnp.int32(max_new_tokens), eos,
                        jnp.int32(pad_id), temp, nucleus, mode=mode)
@@ -246,18 +249,27 @@ def rollout(model, tokenizer, factory: Callable, examples: Sequence[dict], *, ma
         appended: dict[int, list[int]] = {}
         for r, live in enumerate(lives):
             if live.active:
-                ids = _after_model_turn(live, sampled[r], logps[r], eos_set, tokenizer, turn,
+                k = row_of[r]
+                ids = _after_model_turn(live, sampled[k], logps[k], eos_set, tokenizer, turn,
                                         max_turns, max_episode_tokens, max_tool_tokens,
                                         max_env_tokens, env_timeout_s)
                 if ids is not None:
                     appended[r] = ids
         if not appended:
             break
+        rows_now = state["tokens"].shape[0]
+        if len(appended) <= rows_now // 2:  # finished episodes leave the batch
+            keep = sorted(appended)
+            fewer = bucket(len(keep), minimum=1)
+            picks = [row_of[r] for r in keep] + [row_of[keep[0]]] * (fewer - len(keep))
+            state = take_rows(state, jnp.asarray(picks, jnp.int32))
+            row_of = {r: k for k, r in enumerate(keep)}  # the copies after them are padding
         width = min(bucket(max(len(x) for x in appended.values())), max_env_tokens)
         more = np.full((state["tokens"].shape[0], width), pad_id, np.int32)
         more_valid = np.zeros(more.shape, bool)
         for r, ids in appended.items():
-            more[r, width - len(ids):], more_valid[r, width - len(ids):] = ids, True
+            k = row_of[r]
+            more[k, width - len(ids):], more_valid[k, width - len(ids):] = ids, True
         state = extend(graphdef, params, state, more, more_valid,
                        jax.random.fold_in(key, turn + 1), temp, nucleus, mode=mode)
     return [live.ep for live in lives]

@@ -143,6 +143,22 @@ def extend(graphdef, params, state: State, tokens, valid, key, temperature, top_
                        top_p)
 
 
+@jax.jit
+def take_rows(state: State, rows) -> State:
+    """The decode state of the given rows only ([B'] indices into the batch, repeats allowed):
+    a multi-turn batch whose finished rows drop out between turns, so the next turn decodes
+    B' rows instead of B. Every per-row array (the cache's keys, values and validity, the
+    positions, the flags, the tokens and log-probabilities so far) is gathered; what all rows
+    share (slot indices, rope tables, key, step) is kept."""
+    TRACES["take_rows"] += 1
+    pick = lambda x: jnp.take(x, rows, axis=0)  # noqa: E731
+    cache = state["cache"]
+    cache = dict(cache, k=[pick(k) for k in cache["k"]], v=[pick(v) for v in cache["v"]],
+                 valid={t: pick(v) for t, v in cache["valid"].items()})
+    per_row = ("next_pos", "done", "ended", "tokens", "logprobs", "sampling_logprobs")
+    return dict(state, cache=cache, **{k: pick(state[k]) for k in per_row})
+
+
 def _parts(module) -> tuple:
     """The Linears a fused product stands for."""
     if isinstance(module, Attention):

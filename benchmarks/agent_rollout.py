@@ -25,9 +25,9 @@ import json
 import platform
 import statistics
 import time
-from dataclasses import dataclass, field
 
 import hone
+from hone.agents import Step
 from hone.agents.rollout import rollout
 from hone.sampling.generate import encode_prompt
 
@@ -35,14 +35,6 @@ QUESTIONS = ["What is 4821 * 367?", "Plan a three-day trip to Kyoto.",
              "Explain how a heat pump works.", "Write a short story about a lighthouse.",
              "What is the derivative of x^3 sin x?", "List five facts about octopuses.",
              "How do vaccines train the immune system?", "Describe the rules of chess briefly."]
-
-
-@dataclass
-class Step:
-    messages: list = field(default_factory=list)
-    reward: float = 0.0
-    done: bool = False
-    info: dict = field(default_factory=dict)
 
 
 class KeepGoing:

@@ -3,7 +3,7 @@ model's turns end early, and the examples it plays."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from hone.agents import Step
 
 # A random tiny model almost never samples <|im_end|>: ending a turn on any of these 40 byte
 # ids gives turns of varied lengths (rows that end early leave gaps in the lockstep cache).
@@ -11,14 +11,6 @@ ENDS = tuple(range(40)) + (260,)
 # Every rollout test plays with these limits and 4 rows (8 with copies): one set of programs.
 KW = dict(max_turns=4, max_new_tokens=10, max_episode_tokens=256, max_env_tokens=64, top_k=50,
           eos_ids=ENDS)
-
-
-@dataclass
-class Step:
-    messages: list = field(default_factory=list)
-    reward: float = 0.0
-    done: bool = False
-    info: dict = field(default_factory=dict)
 
 
 class Counter:

@@ -130,6 +130,11 @@ class TrainSection:
     # Rematerialization of each block in the backward pass (memory for compute).
     remat: str = field(default="none",
                        metadata={"choices": ("none", "full", "save_dots", "offload")})
+    # Run the blocks as a scan over their weights stacked inside the step (same numbers as the
+    # loop): with remat, what the backward pass keeps is then one hidden state per block; the
+    # stack costs about three extra copies of the blocks' weights for the step. auto = on when
+    # remat is not none and at least two blocks share a structure (hone/models/scan_layers.py).
+    scan_layers: str = field(default="auto", metadata={"choices": ("auto", "true", "false")})
     # Positions per chunk of the LM head and its losses (hone.models.head): a longer row is
     # scored chunk by chunk, its [chunk, vocab] logits recomputed in the backward pass, so no
     # [length, vocab] logits tensor is formed; rows of at most this many positions run as one

@@ -41,12 +41,12 @@ Step = Callable[[nnx.Module, jax.Array], jax.Array]
 
 
 def scan_setting(setting: str, remat: str) -> bool:
-    """Transformer.scan_layers from train.scan_layers ("auto", "true", "false") and
+    """Transformer.scan_layers from train.scan_layers ("auto", "scan", "loop") and
     train.remat: auto scans when the blocks are rematerialised, the case the scan exists for
     (without remat the loop keeps the same activations without stacking the weights)."""
     if setting == "auto":
         return remat != "none"
-    return setting == "true"
+    return setting == "scan"
 
 
 def scannable(blocks) -> bool:

@@ -99,7 +99,7 @@ def test_grouping_rule_by_hand():
 
 def test_settings_and_dropout_fall_back_to_the_loop():
     assert scan_setting("auto", "full") and not scan_setting("auto", "none")
-    assert scan_setting("true", "none") and not scan_setting("false", "full")
+    assert scan_setting("scan", "none") and not scan_setting("loop", "full")
     model = _tiny(("global",) * 2)
     assert scannable(model.layers)
     apply_lora(model, rank=2, alpha=4.0, targets=r"layers/\d+/mlp/up", dropout=0.1,

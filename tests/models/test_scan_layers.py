@@ -147,3 +147,14 @@ def test_scanned_remat_keeps_one_hidden_state_per_block():
     per_block = (temp8 - temp4) / 4
     bound = 2 * t * d * 4 + 6 * block
     assert per_block <= bound, (per_block, bound)
+
+
+def test_the_trainer_sets_scan_layers_from_the_config():
+    from hone.config import SFTConfig, load_config
+    from hone.train.build import prepare_for_training
+    for overrides, want in ((["train.remat=full"], True), (["train.remat=none"], False),
+                            (["train.remat=full", "train.scan_layers=loop"], False),
+                            (["train.scan_layers=scan"], True)):
+        model = _tiny(("global",) * 2)
+        prepare_for_training(model, load_config(SFTConfig, "configs/tiny/sft.yaml", overrides))
+        assert model.scan_layers is want, overrides

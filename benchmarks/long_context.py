@@ -111,6 +111,8 @@ def run(args) -> list[dict]:
                    "repeats": args.repeats, "remat": args.remat, "load_avg": round(load, 2),
                    "cores_busy": round(busy, 2), "wall_s": round(time.monotonic() - t0, 1),
                    "date": _figures.today()}
+            if impl == "hone":  # train_row's blocks: train.scan_layers auto scans with remat
+                rec["blocks"] = "loop" if args.remat == "none" else "scan"
             if rows:
                 r = rows[-1]
                 rec |= {k: r[k] for k in ("first_s", "median_s", "peak_rss_mb", "first_loss")}
@@ -203,6 +205,19 @@ def goal_lines(recs: dict) -> list[str]:
     return out
 
 
+def blocks_line(recs: dict, lengths) -> str:
+    """Which hone rows ran the blocks as a scan (train.scan_layers) and which as the loop:
+    records from before the scan carry no "blocks" and ran the loop."""
+    runs = {"scan": [], "loop": []}
+    for n in lengths:
+        r = recs.get(("hone", row_name(n)))
+        if r is not None:
+            runs[r.get("blocks", "loop")].append(str(n))
+    return (f"hone's blocks: a scan over stacked weights (train.scan_layers auto) at "
+            f"{', '.join(runs['scan']) or 'no length'}; the Python loop (records from before "
+            f"train.scan_layers) at {', '.join(runs['loop']) or 'no length'}.")
+
+
 def section(recs: dict, vers: dict, lengths, max_gb: float) -> str:
     dates = sorted({r["date"] for r in recs.values()})
     lines = [
@@ -223,7 +238,7 @@ def section(recs: dict, vers: dict, lengths, max_gb: float) -> str:
         f"- torch: benchmarks/train_torch.py; torch {vers['torch']}, transformers "
         f"{vers['transformers']}.",
         "- tunix: not run (its step in train_tunix.py takes no gradient checkpointing here).",
-        "", table(recs, IMPLS, lengths), "",
+        "", table(recs, IMPLS, lengths), "", blocks_line(recs, lengths), "",
         f"Out of memory: killed when its resident memory passed {max_gb:g} GB (--max-gb; the "
         "machine's 23 GiB are shared with other work, so a row is never allowed near the "
         "kernel's out-of-memory killer), or XLA failed to allocate a buffer of the size given "

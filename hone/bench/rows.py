@@ -4,6 +4,7 @@ rows; grpo is hone/bench/grpo.py. Each returns a `Measured`.
 Every row runs what the matching command runs, on a model from `hone.load_model(source)` (random
 init for a preset such as `smollm2-135m` or `tiny`):
 - sft / lora: the step hone/recipes/sft.py wires: the model's `remat` (train.remat),
+  `scan_layers` (train.scan_layers at its default, auto: on with remat),
   `attention` and `head_chunk` (model.attention and train.head_chunk at their config defaults,
   as `build_model` sets them), `split_model`, `build_optimizer` (AdamW, constant lr 1e-4, global-norm clipping at 1.0),
   `new_train_state` and `make_train_step(..., sft_step_loss, target_tokens, accum=1,
@@ -108,6 +109,7 @@ def train_row(row: str, model: str = "smollm2-135m", batch: int = 4, seq: int = 
     import hone
     from hone.config.schema import ModelSection, TrainSection
     from hone.models.lora import LoRAParam, apply_lora
+    from hone.models.scan_layers import scan_setting
     from hone.recipes.sft import sft_step_loss, target_tokens
     from hone.train.optimizer import build_optimizer
     from hone.train.state import flatten, new_train_state, split_model
@@ -121,6 +123,7 @@ def train_row(row: str, model: str = "smollm2-135m", batch: int = 4, seq: int = 
     # the last two at their defaults): static, so in the step's graphdef. Without head_chunk the
     # row would form the full [B, T, V] logits that `hone sft` never does past one chunk.
     net.remat = remat
+    net.scan_layers = scan_setting(TrainSection().scan_layers, remat)
     net.attention = ModelSection().attention
     net.head_chunk = TrainSection().head_chunk
     cfg, trainable, n_lora = net.config, nnx.Param, None
@@ -131,7 +134,8 @@ def train_row(row: str, model: str = "smollm2-135m", batch: int = 4, seq: int = 
     graphdef, params, frozen = split_model(net, trainable)
     built_remat = step_remat(graphdef, params, frozen)
     built = nnx.merge(graphdef, params, frozen)  # what the step's program runs
-    settings = {"remat": built_remat, "attention": built.attention,
+    settings = {"remat": built_remat, "scan_layers": built.scan_layers,
+                "attention": built.attention,
                 "head_chunk": built.head_chunk}
     del built
     flat = flatten(params)

@@ -2,8 +2,9 @@
 
 Family quirks are ModelConfig flags: attention bias, q/k norm, GeGLU, norm offset, embedding
 scale, post-norms, soft-capping, sliding-window layers with their own rotary base, tied output.
-Layers are a Python list (not a scan) so per-layer differences, adapters and intermediate
-activations stay simple; see benchmarks/ before changing that.
+Layers are a Python list so per-layer differences, adapters and intermediate activations stay
+simple; with `scan_layers` the forward pass runs them as a scan over their weights stacked on the
+fly (hone/models/scan_layers.py), which is what lets remat bound the backward pass's memory.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from hone.models.layers import Embedder, RMSNorm, rope_inv_freq, rope_tables
 from hone.models.linear import Linear
 from hone.models.masks import MaskSpec
 from hone.models.mlp import GatedMLP
+from hone.models.scan_layers import run_blocks, scannable
 from hone.models.layers import positions_from_mask
 
 
@@ -75,6 +77,10 @@ class Transformer(nnx.Module):
         # to host memory where the backend has one). Set by the trainer; static, so a change
         # compiles a new step.
         self.remat = "none"
+        # Run whole groups of like blocks as a scan over their stacked weights
+        # (hone.models.scan_layers): what makes remat bound the backward pass's memory on
+        # XLA:CPU. Same numbers as the loop. Set by the trainer from train.scan_layers; static.
+        self.scan_layers = False
         # Positions per chunk of the LM head when a loss scores a row (hone.models.head): rows
         # longer than this never form their whole [T, V] logits. 0 = the whole row at once.
         # Set by the trainer from train.head_chunk; static like remat.
@@ -192,6 +198,14 @@ class Transformer(nnx.Module):
 
             return layer(x, attend), probs[0]
 
+        if (self.scan_layers and not hidden_layers and not attention_layers
+                and scannable(self.layers)):
+            def step(layer, x):
+                cos, sin = ropes[layer.layer_type]
+                return run(layer, x, cos, sin, masks[layer.layer_type])
+
+            policy = None if self.remat == "none" else remat_policy(self.remat)
+            return self.final_norm(run_blocks(self.layers, x, step, policy)), captured
         if self.remat != "none":
             run = nnx.remat(run, policy=remat_policy(self.remat))
             run_probs = nnx.remat(run_probs, policy=remat_policy(self.remat))

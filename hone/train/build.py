@@ -17,6 +17,7 @@ from flax import nnx
 from hone.config import dump_yaml
 from hone.errors import InputError
 from hone.models.loading import load_model
+from hone.models.scan_layers import scan_setting
 from hone.parallel import Layout, logical_names
 from hone.train.oom import AccumStep
 from hone.train.optimizer import build_optimizer
@@ -34,7 +35,8 @@ def build_model(cfg, *, layout=None, log=print):
 def prepare_for_training(model, cfg):
     """What the config asks of a loaded model before training: LoRA adapters (model.lora), the
     blocks that train (model.train_layers), and the static settings of its forward pass
-    (train.remat, model.attention, train.head_chunk). Returns the trainable filter."""
+    (train.remat, train.scan_layers, model.attention, train.head_chunk). Returns the trainable
+    filter."""
     from hone.models.lora import LoRAParam, apply_lora
     lora = cfg.model.lora
     trainable = nnx.Param
@@ -45,6 +47,7 @@ def prepare_for_training(model, cfg):
     if cfg.model.train_layers is not None:
         trainable = nnx.All(trainable, top_blocks(model, cfg.model.train_layers))
     model.remat = cfg.train.remat
+    model.scan_layers = scan_setting(cfg.train.scan_layers, cfg.train.remat)
     model.attention = cfg.model.attention
     model.head_chunk = cfg.train.head_chunk
     return trainable

@@ -163,6 +163,13 @@ def ring_check() -> None:
     errors["model"] = max(float(jnp.max(jnp.abs(x - y)) / (1.0 + jnp.max(jnp.abs(y))))
                           for x, y in zip(jax.tree.leaves((got_g, got)),
                                           jax.tree.leaves((want_g, want))))
+    # Again with the blocks rematerialised and run as a scan over their stacked, sharded
+    # weights (hone/models/scan_layers.py), the ring inside the scan's body.
+    model.remat, model.scan_layers = "full", True
+    got_g, got = grad(model, placed["tokens"], placed["attention_mask"])
+    errors["model_scan"] = max(float(jnp.max(jnp.abs(x - y)) / (1.0 + jnp.max(jnp.abs(y))))
+                               for x, y in zip(jax.tree.leaves((got_g, got)),
+                                               jax.tree.leaves((want_g, want))))
     print(json.dumps({"name": "ring", "errors": errors,
                       "permutes": permutes,
                       "specs": {k: str(x.sharding.spec) for k, x in batch.items()},

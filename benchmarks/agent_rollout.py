@@ -12,10 +12,17 @@ environment message between turns; no row stops early, so every row samples 3·N
                 turns and environment messages) as a new prompt: what a sampler without an
                 extend mode does
 
+With --tunix, a fourth row: the same episodes with Tunix's agentic rollout (its
+RolloutOrchestrator, trajectory engine, ModelAgent and vanilla sampler on the same SmolLM2
+weights, which this script writes with hone.save_hf to a temporary folder), run by
+agent_rollout_tunix.py in the Tunix venv (_venvs.py creates it if missing) as a separate process
+after hone's rows, never beside them.
+
 Each is run once to compile and then timed (median of --repeats). Reported: model tokens per
 second (sampled tokens / wall time) and the agent's share of the single-turn figure.
 
     .venv/bin/python benchmarks/agent_rollout.py [--batch 8] [--turn-tokens 32] [--repeats 3]
+    .venv/bin/python benchmarks/agent_rollout.py --tunix     # and Tunix's episodes
 """
 
 from __future__ import annotations
@@ -24,17 +31,20 @@ import argparse
 import json
 import platform
 import statistics
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import hone
 from hone.agents import Step
 from hone.agents.rollout import rollout
 from hone.sampling.generate import encode_prompt
 
-QUESTIONS = ["What is 4821 * 367?", "Plan a three-day trip to Kyoto.",
-             "Explain how a heat pump works.", "Write a short story about a lighthouse.",
-             "What is the derivative of x^3 sin x?", "List five facts about octopuses.",
-             "How do vaccines train the immune system?", "Describe the rules of chess briefly."]
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import _driver  # noqa: E402
+from _agent_task import FOLLOW_UP, question  # noqa: E402
 
 
 class KeepGoing:
@@ -49,8 +59,7 @@ class KeepGoing:
 
     def step(self, reply):
         self.left -= 1
-        return Step([{"role": "user", "content": "Good. Now say more about it, in detail."}],
-                    done=self.left <= 0)
+        return Step([{"role": "user", "content": FOLLOW_UP}], done=self.left <= 0)
 
 
 def timed(fns: dict, repeats: int) -> dict[str, float]:
@@ -74,12 +83,16 @@ def main():
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", default=None, help="write the figures here too")
+    ap.add_argument("--tunix", action="store_true",
+                    help="also time Tunix's agentic rollout on the same episodes")
     args = ap.parse_args()
+    if args.tunix:
+        _driver.python_for("tunix")  # create the Tunix venv now, before any timing
     KeepGoing.turns = args.turns
     source = "smollm2-135m-instruct"
     tok = hone.load_tokenizer(source)
     model = hone.load_model(source, dtype="float32")
-    examples = [{"prompt": QUESTIONS[i % len(QUESTIONS)]} for i in range(args.batch)]
+    examples = [{"prompt": question(i)} for i in range(args.batch)]
     n, turns, b = args.turn_tokens, args.turns, args.batch
     never = (-1,)  # no end token: every turn samples exactly n tokens
 
@@ -106,18 +119,35 @@ def main():
     sampled = b * turns * n
     seconds = timed({"single-turn": single, "agent": agent, "re-prefill": reprefill},
                     args.repeats)
+    if args.tunix:
+        seconds["tunix"] = tunix_seconds(model, tok, args)
     figures = {}
     for name, sec in seconds.items():
         figures[name] = {"seconds": sec, "tokens_per_s": sampled / sec}
         print(f"{name:12s} {sec:7.2f} s  {sampled / sec:8.1f} model tokens/s", flush=True)
     share = figures["agent"]["tokens_per_s"] / figures["single-turn"]["tokens_per_s"]
-    print(f"agent / single-turn: {share:.2f}; re-prefill / single-turn: "
-          f"{figures['re-prefill']['tokens_per_s'] / figures['single-turn']['tokens_per_s']:.2f}")
+    print(f"agent / single-turn: {share:.2f}; " + "; ".join(
+        f"{name} / single-turn: "
+        f"{figures[name]['tokens_per_s'] / figures['single-turn']['tokens_per_s']:.2f}"
+        for name in figures if name not in ("single-turn", "agent")))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"date": time.strftime("%Y-%m-%d"), "machine": platform.processor(),
                        "batch": b, "turns": turns, "turn_tokens": n, "figures": figures,
                        "agent_share": share}, f, indent=1)
+
+
+def tunix_seconds(model, tok, args) -> float:
+    """Median seconds of one batch of Tunix episodes (agent_rollout_tunix.py, in its own process,
+    on this model's weights written as a Hugging Face folder)."""
+    with tempfile.TemporaryDirectory(prefix="agent_rollout_") as tmp:
+        weights = Path(tmp) / "smollm2"
+        hone.save_hf(model, weights, tokenizer=tok)
+        cmd = _driver.command("tunix", "agent_rollout_tunix.py", "--weights", weights,
+                              "--batch", args.batch, "--turns", args.turns,
+                              "--turn-tokens", args.turn_tokens, "--repeats", args.repeats)
+        rows = _driver.run_json("tunix", cmd, timeout=3600.0, busy=_driver.BUSY)
+    return rows[-1]["seconds"]
 
 
 def _turn_start(ep, t: int) -> int:

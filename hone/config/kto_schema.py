@@ -18,9 +18,10 @@ from hone.errors import InputError
 
 @dataclass(frozen=True)
 class KTODataSection(DataSection):
+    """DataSection with KTO's defaults as the class's own (the loader builds a section from its
+    class whenever a file or an override sets any of its keys), plus `from_pairs`."""
+
     # Training records: a JSONL or Parquet file, a saved `datasets` folder, or "builtin:NAME".
-    # (The defaults are this class's own, not only the config's: the loader builds a section
-    # from its class whenever a file or an override sets any of its keys.)
     path: str = "builtin:arithmetic-pref"
     # Evaluation records, same forms; None = no evaluation.
     eval_path: str | None = "builtin:arithmetic-pref-eval"

@@ -76,16 +76,16 @@ def make_kto_loss(cfg: KTOConfig, mode: str):
                                                                                aux)
             z0 = mb["kto_z0"][0]
         else:  # evaluation: one whole batch, its KL rows scored here
-            rows = {key_: mb[key_] for key_ in KEYS}
+            rows = {name: mb[name] for name in KEYS}  # examples, then their KL rows
             both = _logps(model, rows)  # [2b]
             if mode == "precomputed":
                 ref_both = jnp.concatenate([mb["ref_logp"], mb["ref_kl_logp"]])
             else:
                 ref_both = reference_logps(model, rows, aux)
             policy, ref = both[:b], ref_both[:b]
-            gap = jax.lax.stop_gradient(both[b:]) - ref_both[b:]  # [b]
             z0 = kto_reference_point(both[b:], ref_both[b:], valid)
-            metrics = {"kl_sum": jnp.sum(gap * valid), "kl_rows": jnp.sum(valid)}
+            metrics = {"kl_sum": jnp.sum((both[b:] - ref_both[b:]) * valid),
+                       "kl_rows": jnp.sum(valid)}
         losses, rewards = kto_terms(policy, ref, mb["desirable"], z0, beta=k.beta,
                                     desirable_weight=k.desirable_weight,
                                     undesirable_weight=k.undesirable_weight)  # [b] each

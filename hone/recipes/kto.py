@@ -149,8 +149,18 @@ def means(row: dict, prefix: str = "") -> dict:
     return out
 
 
-def precompute_reference(model, data, run_dir: Path, log, source: str, lora: bool) -> None:
-    """Reference log-probs of every example and its KL row, computed once, cached in run_dir."""
+def reference_scorer(model, lora: bool):
+    """`score(batch) -> [2B]` summed log-probs of a batch's rows under the reference of
+    "precomputed": the model with adapters off (LoRA) or as it starts. Jitted once, for the
+    training and the held-out examples."""
+    graphdef, state = nnx.split(reference_model(model, "adapters_off") if lora else model)
+    score = jax.jit(lambda state, rows: _logps(nnx.merge(graphdef, state), rows))
+    return lambda batch: score(state, {k: batch[k] for k in KEYS})
+
+
+def precompute_reference(score, data, run_dir: Path, log, source: str) -> None:
+    """Reference log-probs of every example and its KL row (`score`: `reference_scorer`),
+    computed once and cached in run_dir."""
     cache = run_dir / "reference_logps.npz"
     digest = hashlib.sha256(source.encode())
     for key in ("tokens", "loss_mask"):
@@ -162,12 +172,9 @@ def precompute_reference(model, data, run_dir: Path, log, source: str, lora: boo
             data.add_pair_arrays(ref_logp=saved["examples"], ref_kl_logp=saved["kl"])
             log(f"reference log-probs: reusing {cache}")
             return
-    reference = reference_model(model, "adapters_off") if lora else model
-    graphdef, state = nnx.split(reference)
-    score = jax.jit(lambda state, batch: _logps(nnx.merge(graphdef, state), batch))
     examples, kl = [], []
     for batch in data.batches():
-        seq = np.asarray(score(state, {k: batch[k] for k in KEYS}))  # [2B]
+        seq = np.asarray(score(batch))  # [2B]: the examples, then their KL rows
         examples.append(seq[:len(seq) // 2])
         kl.append(seq[len(seq) // 2:])
     n = data.num_pairs
@@ -209,10 +216,10 @@ def run_kto(cfg: KTOConfig, *, log=print):
     # The starting weights, never updated: a real copy (the train state's buffers are donated).
     aux = jax.tree.map(jnp.copy, state["params"]) if mode == "copy" else None
     if mode == "precomputed":
-        lora = cfg.model.lora.rank > 0
-        precompute_reference(model, train_data, run_dir, log, cfg.model.source, lora)
+        score = reference_scorer(model, cfg.model.lora.rank > 0)
+        precompute_reference(score, train_data, run_dir, log, cfg.model.source)
         if eval_data is not None:
-            precompute_reference(model, eval_data, run_dir / "eval", log, cfg.model.source, lora)
+            precompute_reference(score, eval_data, run_dir / "eval", log, cfg.model.source)
     log(f"reference: {mode} ({tree_bytes(aux) / 2**20:.1f} MiB of extra weights)")
     eval_fn = None
     if eval_data is not None:

@@ -58,7 +58,7 @@ def cmd_demo(args) -> int:
 
 
 def cmd_train(args) -> int:
-    """sft, dpo, reward, grpo, ppo, distill: load the command's config class and run its recipe."""
+    """sft, dpo, kto, reward, grpo, ppo, distill: load the command's config class and run its recipe."""
     import jax
 
     from hone.config import COMMANDS, load_config
@@ -162,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_command(sub, "sft", cmd_train, "Supervised fine-tuning (full, LoRA or QLoRA)")
     _add_train_command(sub, "dpo", cmd_train,
                        "Preference tuning: DPO, IPO, hinge, robust DPO, SimPO or ORPO")
+    _add_train_command(sub, "kto", cmd_train, "Preference tuning from unpaired examples "
+                       "labelled desirable or undesirable (KTO)")
     _add_train_command(sub, "reward", cmd_train, "A reward model trained on preference pairs")
     _add_train_command(sub, "grpo", cmd_train,
                        "RL with group advantages: GRPO, Dr.GRPO, DAPO, GSPO, RLOO")

@@ -204,7 +204,7 @@ def test_guides_are_linked():
         assert page in readme_links, f"README.md does not link {page}"
 
 
-@pytest.mark.parametrize("algo", ["sft", "dpo", "reward", "grpo", "ppo", "distill"])
+@pytest.mark.parametrize("algo", ["sft", "dpo", "kto", "reward", "grpo", "ppo", "distill"])
 def test_each_guide_runs_its_tiny_config(algo):
     text = (GUIDES / f"{algo}.md").read_text()
     assert f"hone {algo} --config configs/tiny/{algo}.yaml" in text

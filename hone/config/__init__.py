@@ -8,16 +8,18 @@ from hone.config.schema import (CheckpointSection, DataSection, DistributedSecti
                                 RewardConfig, RewardSection, SFTConfig, TrainConfig,
                                 TrainSection)
 from hone.config.distill_schema import DistillConfig, DistillSection, TeacherSection
+from hone.config.kto_schema import KTOConfig, KTODataSection, KTOSection
 from hone.config.rl_schema import GRPOConfig, GRPOSection, PPOConfig, PPOSection, RewardsSection
 from hone.config.yaml_io import dump_yaml, to_dict
 
 # The config class of each training command (also used to read a run folder's config.yaml).
 COMMANDS = {"sft": SFTConfig, "dpo": DPOConfig, "reward": RewardConfig, "grpo": GRPOConfig,
-            "ppo": PPOConfig, "distill": DistillConfig}
+            "ppo": PPOConfig, "distill": DistillConfig, "kto": KTOConfig}
 
 __all__ = ["COMMANDS", "CheckpointSection", "DataSection", "DistillConfig", "DistillSection",
            "TeacherSection", "DPOConfig", "DPOSection",
-           "GRPOConfig", "GRPOSection", "GuardSection", "PPOConfig", "PPOSection", "RewardsSection",
+           "GRPOConfig", "GRPOSection", "GuardSection", "KTOConfig", "KTODataSection", "KTOSection",
+           "PPOConfig", "PPOSection", "RewardsSection",
            "LogSection", "LoraSection", "MeshSection", "DistributedSection", "ModelSection",
            "RewardConfig",
            "RewardSection", "SFTConfig", "TrainConfig", "TrainSection", "check_fields",

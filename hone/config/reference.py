@@ -89,9 +89,14 @@ def sections() -> list[Section]:
 
     def walk(cls: type, path: str, command: str, about: str) -> None:
         # Each command has its own top-level class; those with the same top-level keys share them.
-        key = (path, cls) if path else ("", tuple(
+        # A section class that extends another at the same path (KTO's data section adds
+        # from_pairs to DataSection) is documented with it: one table, its extra keys marked.
+        root = [c for c in cls.__mro__ if dataclasses.is_dataclass(c)][-1]
+        key = (path, root) if path else ("", tuple(
             n for n, (_, tp) in fields_of(cls).items() if not is_section(tp)))
         section = found.setdefault(key, Section(path, cls, [], {}))
+        if issubclass(cls, section.cls):
+            section.cls = cls  # the widest class: every key of the section
         section.commands.append(command)
         section.about[command] = about
         for name, text in field_comments(cls).items():
@@ -128,7 +133,8 @@ def keys() -> dict[str, dict[str, str]]:
         for name, (_, tp) in fields_of(s.cls).items():
             if not is_section(tp):
                 key = f"{s.path}.{name}" if s.path else name
-                out[key] = {c: to_yaml(_get(defaults[c], key)) for c in s.commands}
+                out[key] = {c: to_yaml(_get(defaults[c], key)) for c in s.commands
+                            if name in fields_of(type(_get(defaults[c], s.path)))}
     return out
 
 
@@ -180,8 +186,12 @@ def _table(s: Section, defaults: dict[str, dict[str, str]]) -> list[str]:
         key = f"{s.path}.{name}" if s.path else name
         (main, _), *others = _by_value(defaults[key])
         default = f"`{main}`" + "".join(f"; {', '.join(cs)}: `{v}`" for v, cs in others)
+        rule = _rule(f, tp)
+        if len(defaults[key]) < len(s.commands):  # a key of an extending class only
+            only = "only " + ", ".join(f"`hone {c}`" for c in defaults[key])
+            rule = f"{only}; {rule}" if rule else only
         rows.append("| " + " | ".join(_cell(text) for text in (
-            f"`{key}`", _type_name(tp), default, _rule(f, tp), comments[name])) + " |")
+            f"`{key}`", _type_name(tp), default, rule, comments[name])) + " |")
     return rows
 
 

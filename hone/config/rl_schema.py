@@ -131,9 +131,14 @@ class GRPOSection(RolloutKeys):
     loss_agg: str = field(default="token-mean", metadata={"choices": AGGREGATIONS})
     # Importance ratio per token, or per sequence (GSPO).
     ratio: str = field(default="token", metadata={"choices": ("token", "sequence")})
-    # Clipping range below 1.
+    # The policy loss: policy = the clipped surrogate (PPO/GRPO/DAPO/GSPO by the keys here);
+    # cispo = CISPO (MiniMax-M1): -sg(min(ratio, 1 + clip_eps_high)) * A * logp, the weight
+    # detached so no token loses its gradient to clipping.
+    loss_type: str = field(default="policy", metadata={"choices": ("policy", "cispo")})
+    # Clipping range below 1 (policy loss only).
     clip_eps: float = field(default=0.2, metadata={"gt": 0.0})
-    # Clipping range above 1 (DAPO clip-higher); None = clip_eps.
+    # Clipping range above 1 (DAPO clip-higher); None = clip_eps. With loss_type cispo: the
+    # cap of the importance weight, 1 + clip_eps_high; None = 5 (hone.losses.cispo_loss).
     clip_eps_high: float | None = field(default=None, metadata={"gt": 0.0})
     # KL coefficient; 0 = no reference model is loaded or run.
     beta: float = field(default=0.0, metadata={"min": 0.0})
@@ -264,6 +269,15 @@ class GRPOConfig(RLConfig):
         if g.group_size < 2 and (g.scale == "group" or g.leave_one_out):
             raise InputError("group advantages need at least 2 samples per prompt",
                              key="grpo.group_size")
+        if g.loss_type == "cispo":
+            for key, bad, why in (
+                    ("loss_agg", g.loss_agg == "seq-mean-token-sum-norm",
+                     "aggregates by token-mean or seq-mean-token-mean"),
+                    ("ratio", g.ratio != "token", "weights each token by its own ratio"),
+                    ("beta", g.beta > 0, "has no KL term; set grpo.beta = 0"),
+                    ("tis_cap", g.tis_cap is not None, "has no importance-sampling correction")):
+                if bad:
+                    raise InputError(f"grpo.loss_type = cispo {why}", key=f"grpo.{key}")
         if g.reference_devices and g.beta == 0:
             raise InputError("grpo.beta = 0 runs no reference model, so there is none to put "
                              "on devices of its own", key="grpo.reference_devices")

@@ -1,5 +1,6 @@
 """RL losses: GRPO/RLOO advantages, the clipped policy-gradient loss (PPO, GRPO, DAPO, Dr. GRPO,
-GSPO), per-token KL penalties, GAE, the clipped value loss and masked whitening.
+GSPO), CISPO's clipped-weight loss, per-token KL penalties, GAE, the clipped value loss and
+masked whitening.
 
 Letters: B sequences, T positions, N prompts, G samples per prompt. A mask is 1 on the tokens
 that are trained (the completion) and 0 on prompt and padding. Design choices:
@@ -22,6 +23,9 @@ that are trained (the completion) and 0 on prompt and padding. Design choices:
   the paper's sequence-level objective, so ∇s = s·mean_t ∇logp_t. (GSPO-token's
   sg(s)·exp(logp - sg(logp)) has the same value and, for a per-sequence advantage, the same
   gradient.)
+- CISPO (MiniMax-M1, 2025) clips the importance weight, not the objective: ℓ = -sg(min(ρ,
+  1+ε_high))·A·logp. The weight is detached, so every token keeps its gradient -w·A·∇logp; in
+  policy_loss a token whose clipped term is selected has none.
 - Zero-variance groups get advantages of exactly 0, not rounding noise over 1e-4.
 - Hyper-parameters that choose a formula (scale, agg, ratio, kind, group_size, max_len) are
   checked eagerly with ValueError; numeric ones (clip_eps, kl_beta) only when plain Python
@@ -226,6 +230,52 @@ def policy_loss(logp: jax.Array, old_logp: jax.Array, adv: jax.Array, mask: jax.
                     clipped_high_sum=clipped_high, clipped_sum=clipped_low | clipped_high,
                     ratio_sum=jnp.where(keep, rho, 0.0), **metrics)
     return loss, metrics
+
+
+CISPO_AGGREGATIONS = ("token-mean", "seq-mean-token-mean")
+
+
+def cispo_loss(logp: jax.Array, old_logp: jax.Array, adv: jax.Array, mask: jax.Array, *,
+               clip_eps_high: float = 5.0, agg: str = "token-mean",
+               denominator: jax.Array | float | None = None) -> tuple[jax.Array, dict]:
+    """CISPO (MiniMax-M1, 2025): the policy gradient weighted by a clipped, detached ratio.
+
+    logp, old_logp, mask [B, T]; adv [B] (broadcast over T) or [B, T]. Per token, with
+    ρ = exp(logp - old_logp):  ℓ = -sg(min(ρ, 1 + ε_high))·A·logp,  so ∇ℓ = -w·A·∇logp on every
+    token, the clipped ones included. The default cap is loose: it only bounds the weight of the
+    rare tokens whose ratio is far above 1. agg "token-mean" or "seq-mean-token-mean" as in
+    policy_loss; with `denominator` (policy_loss_denominator of the whole batch) the loss is the
+    numerator over it, so micro-batches add up to the whole batch.
+
+    Metrics (sums over real tokens): tokens; clipped_sum (ρ > 1+ε_high: the weight was capped,
+    the gradient kept); ratio_sum (Σρm).
+    """
+    fn = "cispo_loss"
+    _check_choice(fn, "agg", agg, CISPO_AGGREGATIONS)
+    if _is_number(clip_eps_high) and clip_eps_high < 0:
+        raise ValueError(f"{fn}: clip_eps_high must be >= 0, got {clip_eps_high!r}")
+    logp, old_logp, adv = _promote(logp, old_logp, adv)
+    keep = jnp.asarray(mask).astype(bool)  # [B, T]
+    if not logp.shape == old_logp.shape == keep.shape:
+        raise ValueError(f"{fn}: logp {logp.shape}, old_logp {old_logp.shape} and mask "
+                         f"{keep.shape} must have one shape")
+    if adv.ndim == logp.ndim - 1:
+        adv = adv[..., None]  # [B, 1]
+    adv = jnp.where(keep, jnp.broadcast_to(adv, logp.shape), 0.0)  # [B, T]
+    logp_kept = jnp.where(keep, logp, 0.0)  # [B, T] a -inf in the padding reaches nothing
+    rho = jnp.exp(jnp.where(keep, logp - old_logp, 0.0))  # [B, T]
+    weight = jax.lax.stop_gradient(jnp.minimum(rho, 1.0 + clip_eps_high))  # [B, T]
+    per_token = jnp.where(keep, -weight * adv * logp_kept, 0.0)  # [B, T]
+    if agg == "seq-mean-token-mean":
+        count = jnp.maximum(jnp.sum(keep, axis=-1), 1).astype(logp.dtype)  # [B]
+        numerator = jnp.sum(jnp.sum(per_token, axis=-1) / count)
+    else:
+        numerator = jnp.sum(per_token)
+    if denominator is None:
+        denominator = policy_loss_denominator(keep, agg)
+    metrics = _sums(logp.dtype, tokens=keep, clipped_sum=keep & (rho > 1.0 + clip_eps_high),
+                    ratio_sum=jnp.where(keep, rho, 0.0))
+    return numerator / denominator, metrics
 
 
 def gae(rewards: jax.Array, values: jax.Array, mask: jax.Array, *,

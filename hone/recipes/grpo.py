@@ -31,7 +31,7 @@ from hone.agents.collect import AgentRollouts, make_agent_eval
 from hone.agents.factory import environment_factory
 from hone.config import GRPOConfig
 from hone.data.shared_prefix import work_tokens
-from hone.losses.rl import grpo_advantages, policy_loss, policy_loss_denominator
+from hone.losses.rl import cispo_loss, grpo_advantages, policy_loss, policy_loss_denominator
 from hone.models.loading import load_tokenizer
 from hone.parallel import logical_names
 from hone.rl.collect import Rollouts, make_rl_eval
@@ -100,6 +100,11 @@ def make_grpo_loss(cfg: GRPOConfig):
         weights = None
         if grpo.tis_cap is not None:
             weights = jnp.minimum(jnp.exp(old - mb["sampler_logp"]), grpo.tis_cap)
+        if grpo.loss_type == "cispo":  # the config allows token ratios, no KL, no TIS
+            cap = {} if grpo.clip_eps_high is None else {"clip_eps_high": grpo.clip_eps_high}
+            loss, metrics = cispo_loss(logp, old, mb["advantages"], mb["loss_mask"],
+                                       agg=grpo.loss_agg, denominator=normalizer, **cap)
+            return loss, dict(metrics, **diagnostics(entropy, logp, mb, win))
         loss, metrics = policy_loss(
             logp, old, mb["advantages"], mb["loss_mask"], clip_eps=grpo.clip_eps,
             clip_eps_high=grpo.clip_eps_high, ref_logp=mb.get("ref_logp"), kl_beta=grpo.beta,

@@ -1,4 +1,4 @@
-"""The frozen reference model of DPO, GRPO and PPO: which one a config asks for, and the one
+"""The frozen reference model of DPO, KTO, GRPO and PPO: which one a config asks for, and the one
 builder every path uses (DPO's loss, the RL steps' scoring, a reference on devices of its own).
 
 Modes and their single rule:
@@ -30,11 +30,12 @@ _NEEDED = {
     "dpo": lambda s: s.loss_type not in REFERENCE_FREE,
     "grpo": lambda s: s.beta > 0,
     "ppo": lambda s: s.kl_coef > 0 or s.kl_target is not None,
+    "kto": lambda s: True,
 }
 
 
 def reference_mode(cfg) -> str | None:
-    """The reference a DPO, GRPO or PPO config asks for: its section's `reference`, with "auto"
+    """The reference a DPO, KTO, GRPO or PPO config asks for: its section's `reference`, with "auto"
     resolved (adapters_off with LoRA, else copy); None when its loss needs no reference."""
     name = next(n for n in _NEEDED if hasattr(cfg, n))
     section = getattr(cfg, name)

@@ -106,7 +106,11 @@ def _set(tree: dict, parts: list[str], value: Any, path: str | None) -> None:
     node[parts[-1]] = value
 
 
-def _build(root: type, cls: type, raw: Mapping, prefix: str, origins: _Origins) -> Any:
+def _build(root: type, cls: type, raw: Mapping, prefix: str, origins: _Origins,
+           base: Any = None) -> Any:
+    """An instance of `cls` from `raw`; keys not in `raw` keep the defaults: `base`'s values
+    when given (a section whose field default is an instance built by a factory, such as the
+    RL commands' own `data:` defaults), else the class's."""
     fields = fields_of(cls)
     for name in raw:
         if name not in fields:
@@ -123,7 +127,10 @@ def _build(root: type, cls: type, raw: Mapping, prefix: str, origins: _Origins) 
             if not isinstance(value, Mapping):
                 raise origins.error(f"expected a section (indented key: value lines), "
                                     f"got {show(value)}", key)
-            kwargs[name] = _build(root, tp, value, key + ".", origins)
+            default = (f.default_factory() if f.default_factory is not dataclasses.MISSING
+                       else None)
+            kwargs[name] = _build(root, tp, value, key + ".", origins,
+                                  default if isinstance(default, tp) else None)
             continue
         try:
             kwargs[name] = convert(tp, value)
@@ -131,7 +138,7 @@ def _build(root: type, cls: type, raw: Mapping, prefix: str, origins: _Origins) 
         except Problem as p:
             raise origins.error(str(p), key) from None
     if prefix:
-        return cls(**kwargs)
+        return cls(**kwargs) if base is None else dataclasses.replace(base, **kwargs)
     try:
         return cls(**kwargs)
     except InputError as e:

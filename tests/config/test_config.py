@@ -361,3 +361,13 @@ def test_dump_then_load_gives_back_an_equal_config(case):
     # Plain YAML 1.1 readers (yaml.safe_load) read the same values: strings like "yes" or "3e-4"
     # are quoted.
     assert yaml.safe_load(text) == to_dict(cfg)
+
+
+def test_a_partial_section_keeps_the_commands_own_defaults():
+    """An override of one data key keeps the rest of the command's own data defaults (the RL
+    commands' prompts, DPO's pairs), not the generic section's."""
+    from hone.config import DPOConfig, GRPOConfig
+    grpo = load_config(GRPOConfig, None, ["data.max_records=8"])
+    assert (grpo.data.path, grpo.data.overlong, grpo.data.max_records) == (
+        "builtin:arithmetic-rl", "drop", 8)
+    assert load_config(DPOConfig, None, ["data.max_length=64"]).data.path == "builtin:arithmetic-pref"

@@ -29,7 +29,7 @@ from hone.config.fields import Problem, convert, fields_of, show, unknown_key
 from hone.config.yaml_io import read_yaml
 from hone.errors import InputError
 
-STAGE_COMMANDS = ("sft", "dpo", "reward", "grpo", "ppo", "distill")
+STAGE_COMMANDS = ("sft", "dpo", "kto", "reward", "grpo", "ppo", "distill")
 _RL = ("grpo", "ppo")
 # One folder name: no path, no dot (so `STAGE.key=value` splits at the first dot, and no stage
 # folder can be named like the pipeline.yaml beside them).

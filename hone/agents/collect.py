@@ -58,7 +58,8 @@ class AgentRollouts:
                        top_p=None if temperature == 0 else s.top_p, seed=seed,
                        group_size=group_size, prompt_bucket=s.max_prompt_tokens,
                        max_opening_tokens=s.max_prompt_tokens,
-                       cache_dtype=None if s.cache_dtype == "auto" else s.cache_dtype)
+                       cache_dtype=None if s.cache_dtype == "auto" else s.cache_dtype,
+                       max_after_opening=a.max_episode_tokens - s.max_prompt_tokens)
 
     def collect(self, state, prompt_batch, step: int):
         """(rows [B, L], total reward [B], episodes, host metrics) of this step's episodes."""

@@ -142,7 +142,8 @@ def rollout(model, tokenizer, factory: Callable, examples: Sequence[dict], *, ma
             top_k: int | None = None, top_p: float | None = None, seed: int = 0,
             group_size: int = 1, prompt_bucket: int | None = None,
             max_opening_tokens: int | None = None, cache_dtype=None,
-            eos_ids: Sequence[int] | None = None) -> list[Episode]:
+            eos_ids: Sequence[int] | None = None,
+            max_after_opening: int | None = None) -> list[Episode]:
     """Play `group_size` episodes of each example (example-major: episode i·G + j is copy j of
     example i) with `model`'s current weights; see the module docstring.
 
@@ -150,7 +151,10 @@ def rollout(model, tokenizer, factory: Callable, examples: Sequence[dict], *, ma
     tokens an environment turn may add (default max_tool_tokens + 64): a longer one ends the
     episode (`limit = "max_env_tokens"`). prompt_bucket: pad openings to at least this many
     tokens (one compiled shape per run). max_opening_tokens: a longer opening does not start
-    (counted as `openings_too_long`; default max_episode_tokens - max_new_tokens)."""
+    (counted as `openings_too_long`; default max_episode_tokens - max_new_tokens).
+    max_after_opening: an episode's tokens after its opening at most, cut as max_episode_tokens
+    cuts (the training row's slots after the opening, L - P: an opening shorter than P leaves
+    room within max_episode_tokens that the row does not have)."""
     cfg = model.config
     max_env_tokens = max_env_tokens or -(-(max_tool_tokens + 64) // 16) * 16
     _check(max_turns, max_new_tokens, max_episode_tokens, max_tool_tokens, max_env_tokens,
@@ -214,9 +218,10 @@ def rollout(model, tokenizer, factory: Callable, examples: Sequence[dict], *, ma
         appended: dict[int, list[int]] = {}
         for r, live in enumerate(lives):
             if live.active:
+                cap = max_episode_tokens if max_after_opening is None else min(
+                    max_episode_tokens, live.ep.prompt_len + max_after_opening)
                 ids = _after_model_turn(live, sampled[r], logps[r], eos_set, tokenizer, turn,
-                                        max_turns, max_episode_tokens, max_tool_tokens,
-                                        max_env_tokens)
+                                        max_turns, cap, max_tool_tokens, max_env_tokens)
                 if ids is not None:
                     appended[r] = ids
         if not appended:

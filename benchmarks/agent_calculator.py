@@ -204,12 +204,12 @@ def report(results: dict, sft_cfg, grpo_cfg, args) -> str:
         f"Agentic GRPO over its warm start: {over_sft:+.1f} points (goal +15); over the model "
         f"without tools: {over_plain:+.1f} points (goal +40). The GRPO run's own held-out "
         f"evaluations (the same greedy episodes, played inside the run): {', '.join(evals)}. "
-        f"Wall time {minutes:.1f} minutes in all (SFT and GRPO stages with exports "
-        f"{results['pipeline_s'] / 60:.1f}).",
+        f"Wall time {minutes:.1f} minutes in all, of which {results['pipeline_s'] / 60:.1f} for the "
+        "pipeline's stages this invocation ran (training, evaluations, exports).",
         "",
         "GRPO curve (means over 5 steps of the sampled episodes: reward, its standard deviation "
-        "over the step's episodes, the share of groups whose rewards were all equal (logged "
-        "since this run's commit; - when not), model turns and tool calls per episode, seconds "
+        "over the step's episodes, the share of groups whose rewards were all equal (- where "
+        "the run predates that metric), model turns and tool calls per episode, seconds "
         "per rollout and per update):",
         "",
         "| steps | reward | reward std | zero-std groups | turns | tool calls | rollout s | "

@@ -28,6 +28,13 @@ def final_reply(ep: Episode) -> str:
                  if m.get("role") == "assistant"), "")
 
 
+def zero_std_fraction(total: np.ndarray, group_size: int) -> float:
+    """The share of groups (G consecutive episodes of one record) whose rewards are all equal:
+    their group advantages are 0, so they add nothing to GRPO's update."""
+    groups = np.asarray(total).reshape(-1, group_size)  # [B / G, G]
+    return float(np.mean(np.all(groups == groups[:, :1], axis=1)))
+
+
 class AgentRollouts:
     """Episodes with the policy's current weights, scored and laid out as rows."""
 
@@ -51,7 +58,8 @@ class AgentRollouts:
                        top_p=None if temperature == 0 else s.top_p, seed=seed,
                        group_size=group_size, prompt_bucket=s.max_prompt_tokens,
                        max_opening_tokens=s.max_prompt_tokens, env_timeout_s=a.env_timeout_s,
-                       cache_dtype=None if s.cache_dtype == "auto" else s.cache_dtype)
+                       cache_dtype=None if s.cache_dtype == "auto" else s.cache_dtype,
+                       max_after_opening=a.max_episode_tokens - s.max_prompt_tokens)
 
     def collect(self, state, prompt_batch, step: int):
         """(rows [B, L], total reward [B], episodes, host metrics) of this step's episodes."""
@@ -65,6 +73,8 @@ class AgentRollouts:
                             self.tokenizer.pad_id)
         total = np.asarray([ep.reward for ep in episodes], np.float32)
         metrics = self.metrics(episodes, [r for r in records for _ in range(self.s.group_size)])
+        if self.s.group_size > 1:  # as single-turn GRPO logs it (hone.rl.collect)
+            metrics["zero_std_fraction"] = zero_std_fraction(total, self.s.group_size)
         metrics["rollout_s"] = time.perf_counter() - t0
         return rows, total, episodes, metrics
 

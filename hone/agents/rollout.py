@@ -174,7 +174,8 @@ def rollout(model, tokenizer, factory: Callable, examples: Sequence[dict], *, ma
             group_size: int = 1, prompt_bucket: int | None = None,
             max_opening_tokens: int | None = None, cache_dtype=None,
             eos_ids: Sequence[int] | None = None,
-            env_timeout_s: float | None = 60.0) -> list[Episode]:
+            env_timeout_s: float | None = 60.0,
+            max_after_opening: int | None = None) -> list[Episode]:
     """Play `group_size` episodes of each example (example-major: episode i·G + j is copy j of
     example i) with `model`'s current weights; see the module docstring.
 
@@ -183,7 +184,10 @@ def rollout(model, tokenizer, factory: Callable, examples: Sequence[dict], *, ma
     episode (`limit = "max_env_tokens"`). prompt_bucket: pad openings to at least this many
     tokens (one compiled shape per run). max_opening_tokens: a longer opening does not start
     (counted as `openings_too_long`; default max_episode_tokens - max_new_tokens).
-    env_timeout_s: the time one reset or step may take (None: no limit)."""
+    env_timeout_s: the time one reset or step may take (None: no limit).
+    max_after_opening: an episode's tokens after its opening at most, cut as max_episode_tokens
+    cuts (the training row's slots after the opening, L - P: an opening shorter than P leaves
+    room within max_episode_tokens that the row does not have)."""
     cfg = model.config
     max_env_tokens = max_env_tokens or -(-(max_tool_tokens + 64) // 16) * 16
     _check(max_turns, max_new_tokens, max_episode_tokens, max_tool_tokens, max_env_tokens,
@@ -250,9 +254,11 @@ def rollout(model, tokenizer, factory: Callable, examples: Sequence[dict], *, ma
         for r, live in enumerate(lives):
             if live.active:
                 k = row_of[r]
+                cap = max_episode_tokens if max_after_opening is None else min(
+                    max_episode_tokens, live.ep.prompt_len + max_after_opening)
                 ids = _after_model_turn(live, sampled[k], logps[k], eos_set, tokenizer, turn,
-                                        max_turns, max_episode_tokens, max_tool_tokens,
-                                        max_env_tokens, env_timeout_s)
+                                        max_turns, cap, max_tool_tokens, max_env_tokens,
+                                        env_timeout_s)
                 if ids is not None:
                     appended[r] = ids
         if not appended:

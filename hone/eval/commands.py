@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 _RAW = argparse.RawDescriptionHelpFormatter
+_ACCURACY_DATA = "builtin:arithmetic-rl-eval"  # without --config
 _MODEL_HELP = ("a preset (tiny, smollm2-135m-instruct, ...), a Hugging Face folder, a .gguf "
                "file, or a run folder (config.yaml + checkpoints/)")
 _RM_HELP = "a reward-model folder from `hone export`, or the run folder of `hone reward`"
@@ -32,7 +33,12 @@ _DESCRIPTIONS = {
         "completion. --samples 1 at temperature 0 is greedy pass@1; with K > 1 samples it\n"
         "reports pass@1 (mean correctness), pass@K and majority@K.\n\nexamples:\n"
         "  hone eval accuracy --model smollm2-135m-instruct --limit 64\n"
-        "  hone eval accuracy --model runs/tiny-grpo --samples 8 --temperature 0.7 --limit 32"),
+        "  hone eval accuracy --model runs/tiny-grpo --samples 8 --temperature 0.7 --limit 32\n"
+        "\nWith --config RL_CONFIG whose `agent:` section is set, the model plays one greedy\n"
+        "episode per record as that agent (environment, tools, turn and token limits) and is\n"
+        "scored on its final reply; --model and --data default to the config's model.source\n"
+        "and data.eval_path:\n"
+        "  hone eval accuracy --config configs/smollm2/agent_calculator_grpo.yaml --limit 64"),
     "pairs": (
         "Pairwise accuracy of a reward model on prompt + chosen + rejected records:\n"
         "how often score(chosen) > score(rejected), and the mean margin.\n\nexamples:\n"
@@ -62,16 +68,22 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
     parsers = {name: cmds.add_parser(name, help=_HELP[name], description=text,
                                      formatter_class=_RAW)
                for name, text in _DESCRIPTIONS.items()}
-    for name in ("perplexity", "accuracy", "compare"):
+    for name in ("perplexity", "compare"):
         parsers[name].add_argument("--model", required=True, help=_MODEL_HELP)
+    # Required unless --config names it (checked in _accuracy).
+    parsers["accuracy"].add_argument("--model", default=None, help=_MODEL_HELP
+                                     + " (default with --config: its model.source)")
     parsers["compare"].add_argument("--against", required=True, help="model B: " + _MODEL_HELP)
     for name in ("pairs", "compare"):
         parsers[name].add_argument("--reward-model", required=True, help=_RM_HELP)
-    defaults = {"perplexity": None, "accuracy": "builtin:arithmetic-rl-eval",
+    defaults = {"perplexity": None, "accuracy": _ACCURACY_DATA,
                 "pairs": "builtin:arithmetic-pref-eval", "compare": "builtin:arithmetic-rl-eval"}
     for name, p in parsers.items():
-        default = "" if defaults[name] is None else f" (default {defaults[name]})"
-        p.add_argument("--data", required=defaults[name] is None, default=defaults[name],
+        default = "" if defaults[name] is None else f" (default {defaults[name]}"
+        default += ("; with --config: its data.eval_path)" if name == "accuracy"
+                    else ")" if default else "")
+        p.add_argument("--data", required=defaults[name] is None,
+                       default=None if name == "accuracy" else defaults[name],
                        help=f"a .jsonl/.json/.parquet file, a saved datasets folder or "
                        f"builtin:NAME{default}")
         p.add_argument("--out", default=None, help="also write the JSON result to this file")
@@ -90,6 +102,9 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
         parsers[name].add_argument("--max-new-tokens", type=int, default=64,
                                    help="answer length budget (default 64)")
     acc = parsers["accuracy"]
+    acc.add_argument("--config", default=None,
+                     help="an RL config with an `agent:` section: score the model as that agent "
+                     "(one greedy episode per record)")
     acc.add_argument("--samples", type=int, default=1, help="K completions per prompt")
     acc.add_argument("--temperature", type=float, default=None,
                      help="0 = greedy; default 0 with --samples 1, else 1.0")
@@ -137,6 +152,13 @@ def _perplexity(args) -> dict:
 def _accuracy(args) -> dict:
     from hone.eval.accuracy import accuracy, sampling_temperature
     from hone.eval.models import load_policy
+    if args.config:
+        return _agent_accuracy(args)
+    if args.model is None:
+        from hone.errors import InputError
+        raise InputError("the model to evaluate is required (or --config, whose model.source "
+                         "is the default)", key="--model")
+    args.data = args.data or _ACCURACY_DATA
     temperature = sampling_temperature(args.samples, args.temperature)  # before any loading
     _note(f"loading {args.model} ...")
     model, tokenizer = load_policy(args.model, args.dtype)
@@ -151,6 +173,31 @@ def _accuracy(args) -> dict:
         rows += [(f"pass@{k}", r.pass_at_k), (f"majority@{k}", r.majority_at_k)]
     _table(rows)
     return {"model": args.model, "data": args.data, **r.as_dict()}
+
+
+def _agent_accuracy(args) -> dict:
+    from hone.data.loader import load_records
+    from hone.errors import InputError
+    from hone.eval.agent import agent_accuracy, agent_config
+    from hone.eval.models import load_policy
+    cfg = agent_config(args.config)  # before any loading
+    if args.samples != 1 or args.temperature not in (None, 0.0):
+        raise InputError("an agent is scored on one greedy episode per record; drop --samples "
+                         "and --temperature", key="--config")
+    args.model = args.model or cfg.model.source
+    args.data = args.data or cfg.data.eval_path or cfg.data.path
+    records = load_records(args.data, None, args.limit)
+    _note(f"loading {args.model} ...")
+    model, tokenizer = load_policy(args.model, args.dtype)
+    r = agent_accuracy(model, tokenizer, cfg, records, batch_size=args.batch_size,
+                       seed=args.seed, log=_note)
+    m = r.metrics
+    _table([("model", args.model), ("agent", args.config),
+            ("data", f"{args.data} ({r.episodes} episodes, greedy)"),
+            ("accuracy", "n/a (no answers)" if r.accuracy is None else r.accuracy),
+            ("mean reward", r.reward), ("turns", m["agent/turns_mean"]),
+            ("tool calls", m.get("agent/tool_calls", 0.0) / max(r.episodes, 1))])
+    return {"model": args.model, "config": args.config, "data": args.data, **r.as_dict()}
 
 
 def _pairs(args) -> dict:

@@ -87,6 +87,23 @@ def test_limits_cut_episodes_and_say_which(tiny):
     assert m["agent/cut_fraction"] == 1.0 and m["agent/done_fraction"] == 0.0
 
 
+def test_max_after_opening_keeps_episodes_within_their_training_rows(tiny):
+    # Rows give the opening P slots and the rest L - P: an opening shorter than P must not let
+    # the rest run past L - P (it once did, and episode_rows refused the batch).
+    from hone.agents.layout import episode_rows
+    model, tok = tiny
+    long = [{"prompt": "a much longer opening than the other one", "turns": 99},
+            {"prompt": "x", "turns": 99}]
+    eps = rollout(model, tok, Counter, long, max_turns=4, max_new_tokens=8,
+                  max_episode_tokens=256, top_k=50, seed=1, eos_ids=ENDS, max_after_opening=30)
+    p = max(e.prompt_len for e in eps)
+    assert eps[0].prompt_len > eps[1].prompt_len
+    assert all(len(e.tokens) - e.prompt_len <= 30 and e.limit == "max_episode_tokens"
+               for e in eps)
+    rows = episode_rows(eps, p, p + 30, tok.pad_id)
+    assert rows["tokens"].shape == (2, p + 30)
+
+
 class Broken(Counter):
     def __init__(self):
         self.calls = 0

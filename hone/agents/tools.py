@@ -27,11 +27,12 @@ calls it with keyword arguments decoded from JSON. Design choices:
 from __future__ import annotations
 
 import atexit
+import functools
+import importlib
 import inspect
 import json
 import math
 import multiprocessing
-import pickle
 import re
 import signal
 import threading
@@ -228,13 +229,20 @@ class ToolRunner:
         _RUNNERS.add(self)
 
     def check(self, fn: Callable) -> None:
-        """TypeError unless `fn` can be sent to a worker (by reference: a module-level function)."""
+        """TypeError unless `fn` can be sent to a worker: by reference, so it must be what its
+        module's attribute of its qualified name is (a module-level function, not a lambda,
+        closure or bound method of a local object)."""
+        module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
         try:
-            pickle.loads(pickle.dumps(fn))
-        except Exception as err:
+            found = functools.reduce(getattr, name.split("."), importlib.import_module(module))
+        except Exception as err:  # noqa: BLE001 - anything that does not resolve
+            found, why = None, f"{type(err).__name__}: {err}"
+        else:
+            why = "it is not its module's attribute of that name"
+        if found is not fn or "<locals>" in name:
             raise TypeError(f"tool {getattr(fn, '__name__', fn)!r} cannot be sent to a worker "
-                            f"process ({err}): define it at module level, or use "
-                            "runner='inline'") from err
+                            f"process ({why}): define it at module level, or use "
+                            "runner='inline'")
 
     def _take(self) -> _Worker:
         with self._lock:

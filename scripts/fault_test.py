@@ -49,8 +49,8 @@ RUNS = {
             "train.eval_every=10"],
     "grpo": ["train.max_steps=12", "checkpoint.every_steps=3", "train.batch_size=8",
              "grpo.eval_prompts=4", "train.eval_every=6"],
-    "agent": ["train.max_steps=6", "checkpoint.every_steps=2", "train.batch_size=8",
-              "grpo.eval_prompts=4", "train.eval_every=3"],
+    "agent": ["train.max_steps=4", "checkpoint.every_steps=2", "train.batch_size=8",
+              "grpo.eval_prompts=4", "train.eval_every=4"],
 }
 # algo -> (command, tiny config)
 COMMANDS = {"agent": ("grpo", "agent_grpo")}

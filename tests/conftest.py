@@ -22,13 +22,17 @@ SLOW_FIRST = (
     "recipes/test_dpo_recipe.py",
     "recipes/test_kto_recipe.py",
     "train/test_resume.py",
+    "parallel/test_sequence.py",
+    "agents/test_failures.py",
+    "agents/test_agent_recipes.py",
+    "agents/test_episode_update.py",
+    "models/test_scan_layers.py",
     "models/test_shipped.py",
     "test_pipeline.py",
     "sampling/test_generate.py",
     "models/test_real_models.py",
     "test_tokenizer.py",
     "parallel/test_profile.py",
-    "parallel/test_sequence.py",
     "sampling/test_long.py",
 )
 

@@ -38,9 +38,6 @@ a function of the weights, the examples and the seed only (exact resume).
 
 from __future__ import annotations
 
-import signal
-import threading
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -48,6 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hone.agents.deadline import EnvTimeout, deadline
 from hone.agents.render import after_turn_text, opening_text, supports_tools, with_tools
 from hone.errors import InputError
 from hone.sampling.engine import (decode, extend, pack_weights, prefill, split_for_sampling,
@@ -56,30 +54,6 @@ from hone.sampling.generate import bucket, encode_prompt
 from hone.sampling.strategies import SamplingMode
 
 CUT_MARK = "\n[cut: {n} more tokens]"
-
-
-class EnvTimeout(Exception):
-    """An environment's reset or step ran past its time."""
-
-
-@contextmanager
-def _deadline(seconds: float | None):
-    """Raise EnvTimeout inside the block after `seconds` (SIGALRM; main thread only, where
-    Python runs signal handlers; elsewhere no limit)."""
-    if not seconds or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def expire(signum, frame):
-        raise EnvTimeout(f"no answer within {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @dataclass
@@ -286,7 +260,7 @@ def _start(factory, example: dict, seed: int, tokenizer, native: bool, room: int
     """(live episode, opening token ids or None when it could not start)."""
     live = _Live(None, example)
     try:
-        with _deadline(timeout):
+        with deadline(timeout):
             env = factory()
             live.env = env
             if hasattr(env, "seed"):
@@ -340,7 +314,7 @@ def _after_model_turn(live: _Live, sampled: np.ndarray, logps: np.ndarray, eos: 
         ep.limit, live.active = "max_episode_tokens", False
         return None
     try:
-        with _deadline(timeout):
+        with deadline(timeout):
             step = live.env.step(reply)
         new = _messages(step)
         reward = float(getattr(step, "reward", 0.0) or 0.0)

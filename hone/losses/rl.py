@@ -151,6 +151,18 @@ def policy_loss_denominator(mask: jax.Array, agg: str = "token-mean",
     return jnp.maximum(count, 1).astype(jnp.float32)
 
 
+def _token_mask_and_adv(fn: str, logp, old_logp, adv, mask):
+    """(keep [B, T] bool, adv [B, T] zero off the mask) after checking logp, old_logp and mask
+    share one shape; adv may be per row [B] or per token [B, T]."""
+    keep = jnp.asarray(mask).astype(bool)  # [B, T]
+    if not logp.shape == old_logp.shape == keep.shape:
+        raise ValueError(f"{fn}: logp {logp.shape}, old_logp {old_logp.shape} and mask "
+                         f"{keep.shape} must have one shape")
+    if adv.ndim == logp.ndim - 1:
+        adv = adv[..., None]  # [B, 1]
+    return keep, jnp.where(keep, jnp.broadcast_to(adv, logp.shape), 0.0)  # [B, T]
+
+
 def policy_loss(logp: jax.Array, old_logp: jax.Array, adv: jax.Array, mask: jax.Array, *,
                 clip_eps: float = 0.2, clip_eps_high: float | None = None,
                 ref_logp: jax.Array | None = None, kl_beta: float = 0.0, kl_kind: str = "k3",
@@ -188,13 +200,7 @@ def policy_loss(logp: jax.Array, old_logp: jax.Array, adv: jax.Array, mask: jax.
 
     optional = [x for x in (ref_logp, is_weights) if x is not None]
     logp, old_logp, adv, *optional = _promote(logp, old_logp, adv, *optional)
-    keep = jnp.asarray(mask).astype(bool)  # [B, T]
-    if not logp.shape == old_logp.shape == keep.shape:
-        raise ValueError(f"{fn}: logp {logp.shape}, old_logp {old_logp.shape} and mask "
-                         f"{keep.shape} must have one shape")
-    if adv.ndim == logp.ndim - 1:
-        adv = adv[..., None]  # [B, 1]
-    adv = jnp.where(keep, jnp.broadcast_to(adv, logp.shape), 0.0)  # [B, T]
+    keep, adv = _token_mask_and_adv(fn, logp, old_logp, adv, mask)
     m = keep.astype(logp.dtype)  # [B, T]
     count = jnp.maximum(jnp.sum(m, axis=-1), 1.0)  # [B] real tokens per row, at least 1
 
@@ -255,13 +261,7 @@ def cispo_loss(logp: jax.Array, old_logp: jax.Array, adv: jax.Array, mask: jax.A
     if _is_number(clip_eps_high) and clip_eps_high < 0:
         raise ValueError(f"{fn}: clip_eps_high must be >= 0, got {clip_eps_high!r}")
     logp, old_logp, adv = _promote(logp, old_logp, adv)
-    keep = jnp.asarray(mask).astype(bool)  # [B, T]
-    if not logp.shape == old_logp.shape == keep.shape:
-        raise ValueError(f"{fn}: logp {logp.shape}, old_logp {old_logp.shape} and mask "
-                         f"{keep.shape} must have one shape")
-    if adv.ndim == logp.ndim - 1:
-        adv = adv[..., None]  # [B, 1]
-    adv = jnp.where(keep, jnp.broadcast_to(adv, logp.shape), 0.0)  # [B, T]
+    keep, adv = _token_mask_and_adv(fn, logp, old_logp, adv, mask)
     logp_kept = jnp.where(keep, logp, 0.0)  # [B, T] a -inf in the padding reaches nothing
     rho = jnp.exp(jnp.where(keep, logp - old_logp, 0.0))  # [B, T]
     weight = jax.lax.stop_gradient(jnp.minimum(rho, 1.0 + clip_eps_high))  # [B, T]

@@ -32,7 +32,7 @@ from hone.losses.preference import (dpo_loss, orpo_loss, pair_count, sequence_lo
 from hone.models.loading import load_tokenizer
 from hone.train.build import build_model, compile_steps, make_layout, open_run, summed_eval
 from hone.train.loop import LoopSpec, run_loop
-from hone.train.reference import reference_mode, reference_model
+from hone.train.reference import cached_halves, reference_mode, reference_model
 from hone.train.scoring import branch_logprobs, row_logprobs
 from hone.train.step import pair_split
 from hone.train.state import tree_bytes, unflatten
@@ -123,15 +123,6 @@ def _fingerprint(data, source: str) -> str:
 def precompute_reference(model, mode_model_fn, data, run_dir: Path, log, source: str) -> None:
     """Reference log-probs of every training pair, computed once and cached in the run folder."""
     cache = run_dir / "reference_logps.npz"
-    n = data.num_pairs
-    fingerprint = _fingerprint(data, source)
-    if cache.exists():
-        saved = np.load(cache)
-        if str(saved["fingerprint"]) == fingerprint:
-            data.add_pair_arrays(ref_chosen_logp=saved["chosen"],
-                                 ref_rejected_logp=saved["rejected"])
-            log(f"reference log-probs: reusing {cache}")
-            return
     graphdef, state = nnx.split(mode_model_fn(model))
 
     @jax.jit
@@ -139,20 +130,12 @@ def precompute_reference(model, mode_model_fn, data, run_dir: Path, log, source:
         seq, _, _ = _sequence_logps(nnx.merge(graphdef, state), batch)
         return seq
 
-    chosen, rejected = [], []
-    for batch in data.batches():
-        seq = np.asarray(score(state, batch))
-        b = seq.shape[0] // 2
-        chosen.append(seq[:b])
-        rejected.append(seq[b:])
-    chosen = np.concatenate(chosen)[:n].astype(np.float32)
-    rejected = np.concatenate(rejected)[:n].astype(np.float32)
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(".tmp.npz")
-    np.savez(tmp, chosen=chosen, rejected=rejected, fingerprint=np.array(fingerprint))
-    tmp.replace(cache)
-    data.add_pair_arrays(ref_chosen_logp=chosen, ref_rejected_logp=rejected)
-    log(f"reference log-probs: computed for {n} pairs, cached in {cache}")
+    got, reused = cached_halves(cache, _fingerprint(data, source),
+                                lambda batch: score(state, batch), data.batches(),
+                                data.num_pairs, ("chosen", "rejected"))
+    data.add_pair_arrays(ref_chosen_logp=got["chosen"], ref_rejected_logp=got["rejected"])
+    log(f"reference log-probs: reusing {cache}" if reused else
+        f"reference log-probs: computed for {data.num_pairs} pairs, cached in {cache}")
 
 
 def run_dpo(cfg: DPOConfig, *, log=print):

@@ -39,7 +39,7 @@ from hone.train.build import build_model, make_layout, open_run, summed_eval
 from hone.train.loop import LoopSpec, run_loop
 from hone.train.oom import AccumStep
 from hone.train.optimizer import build_optimizer
-from hone.train.reference import reference_mode, reference_model
+from hone.train.reference import cached_halves, reference_mode, reference_model
 from hone.train.scoring import row_logprobs
 from hone.train.state import flatten, new_train_state, split_model, tree_bytes, unflatten
 from hone.train.step import make_eval_step, merge, pair_split, update_fn
@@ -166,26 +166,12 @@ def precompute_reference(score, data, run_dir: Path, log, source: str) -> None:
     for key in ("tokens", "loss_mask"):
         digest.update(np.ascontiguousarray(data.pairs[key]).tobytes())
     fingerprint = digest.hexdigest()
-    if cache.exists():
-        saved = np.load(cache)
-        if str(saved["fingerprint"]) == fingerprint:
-            data.add_pair_arrays(ref_logp=saved["examples"], ref_kl_logp=saved["kl"])
-            log(f"reference log-probs: reusing {cache}")
-            return
-    examples, kl = [], []
-    for batch in data.batches():
-        seq = np.asarray(score(batch))  # [2B]: the examples, then their KL rows
-        examples.append(seq[:len(seq) // 2])
-        kl.append(seq[len(seq) // 2:])
-    n = data.num_pairs
-    examples = np.concatenate(examples)[:n].astype(np.float32)
-    kl = np.concatenate(kl)[:n].astype(np.float32)
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(".tmp.npz")
-    np.savez(tmp, examples=examples, kl=kl, fingerprint=np.array(fingerprint))
-    tmp.replace(cache)
-    data.add_pair_arrays(ref_logp=examples, ref_kl_logp=kl)
-    log(f"reference log-probs: computed for {n} examples and their KL rows, cached in {cache}")
+    got, reused = cached_halves(cache, fingerprint, score, data.batches(), data.num_pairs,
+                                ("examples", "kl"))
+    data.add_pair_arrays(ref_logp=got["examples"], ref_kl_logp=got["kl"])
+    log(f"reference log-probs: reusing {cache}" if reused else
+        f"reference log-probs: computed for {data.num_pairs} examples and their KL rows, "
+        f"cached in {cache}")
 
 
 def run_kto(cfg: KTOConfig, *, log=print):

@@ -16,8 +16,12 @@ Modes and their single rule:
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Callable, Iterable
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from hone.train.state import flatten, unflatten
@@ -58,3 +62,27 @@ def reference_model(model: nnx.Module, mode: str, params: dict | None = None) ->
         raise ValueError(f"reference_model: mode {mode!r} needs the reference's weights")
     graphdef, state, rest = nnx.split(model, nnx.Param, ...)
     return nnx.merge(graphdef, unflatten(state, {**flatten(state), **params}), rest)
+
+
+def cached_halves(cache: Path, fingerprint: str, score: Callable, batches: Iterable, n: int,
+                  names: tuple[str, str]) -> tuple[dict[str, np.ndarray], bool]:
+    """A "precomputed" reference's log-probs of n examples of two rows each (DPO: chosen and
+    rejected; KTO: the example and its KL row): `score(batch)` gives [2B], the batch's first
+    rows then their second. Read from `cache` when its fingerprint matches, else computed over
+    `batches` and written atomically. Returns ({names[0]: [n], names[1]: [n]}, reused)."""
+    if cache.exists():
+        saved = np.load(cache)
+        if str(saved["fingerprint"]) == fingerprint:
+            return {k: saved[k] for k in names}, True
+    first, second = [], []
+    for batch in batches:
+        seq = np.asarray(score(batch))  # [2B]
+        first.append(seq[:len(seq) // 2])
+        second.append(seq[len(seq) // 2:])
+    out = {names[0]: np.concatenate(first)[:n].astype(np.float32),
+           names[1]: np.concatenate(second)[:n].astype(np.float32)}
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(".tmp.npz")
+    np.savez(tmp, fingerprint=np.array(fingerprint), **out)
+    tmp.replace(cache)
+    return out, False

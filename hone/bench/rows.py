@@ -185,7 +185,8 @@ def dpo_row(model: str = "smollm2-135m", pairs: int = 4, prompt_len: int = 64,
     """One DPO step: policy and frozen-copy reference over 2 x pairs sequences; `remat` is
     train.remat."""
     from hone.config import DPOConfig
-    from hone.config.schema import DPOSection, ModelSection, TrainSection
+    from hone.config.dpo_schema import DPOSection
+    from hone.config.schema import ModelSection, TrainSection
     from hone.losses.preference import pair_count
     from hone.recipes.dpo import make_dpo_loss
     from hone.train.build import build_model, compile_steps

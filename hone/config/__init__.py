@@ -2,11 +2,12 @@
 
 from hone.config.fields import check_fields
 from hone.config.loader import load_config
-from hone.config.schema import (CheckpointSection, DataSection, DistributedSection, DPOConfig,
-                                DPOSection, GuardSection, LogSection, LoraSection, MeshSection,
+from hone.config.schema import (CheckpointSection, DataSection, DistributedSection,
+                                GuardSection, LogSection, LoraSection, MeshSection,
                                 ModelSection,
                                 RewardConfig, RewardSection, SFTConfig, TrainConfig,
                                 TrainSection)
+from hone.config.dpo_schema import DPOConfig, DPOSection
 from hone.config.distill_schema import DistillConfig, DistillSection, TeacherSection
 from hone.config.kto_schema import KTOConfig, KTODataSection, KTOSection
 from hone.config.rl_schema import GRPOConfig, GRPOSection, PPOConfig, PPOSection, RewardsSection

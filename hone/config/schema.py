@@ -287,48 +287,6 @@ def _preference_data() -> DataSection:
 
 
 @dataclass(frozen=True)
-class DPOSection:
-    # The preference loss: DPO variants compare with a reference model; simpo and orpo need none.
-    loss_type: str = field(default="sigmoid", metadata={
-        "choices": ("sigmoid", "ipo", "hinge", "robust", "simpo", "orpo")})
-    # Strength of the preference (DPO/IPO/hinge/robust/ORPO); SimPO's own default is 2.0.
-    beta: float = field(default=0.1, metadata={"gt": 0.0})
-    # Label noise for sigmoid (conservative DPO) and robust: probability a pair is flipped.
-    label_smoothing: float = field(default=0.0, metadata={"min": 0.0, "lt": 0.5})
-    # SimPO's target reward margin.
-    simpo_gamma: float = 0.5
-    # Where reference log-probabilities come from: "copy" (a frozen copy of the starting
-    # weights), "adapters_off" (the base with LoRA switched off: no second copy; needs
-    # model.lora.rank > 0), "precomputed" (one pass over the data before training, cached in
-    # run_dir/reference_logps.npz), or "auto" (adapters_off with LoRA, else copy).
-    reference: str = field(default="auto", metadata={
-        "choices": ("auto", "copy", "adapters_off", "precomputed")})
-    # Score each pair's prompt once: one row [prompt | chosen | rejected] in which the answers
-    # cannot see each other, and the LM head only where answer tokens are predicted. The same
-    # log-probabilities as two rows per pair (to float rounding) for fewer FLOPs; false: two rows.
-    shared_prompt: bool = True
-
-
-@dataclass(frozen=True)
-class DPOConfig(TrainConfig):
-    """`hone dpo`: preference tuning (DPO, IPO, hinge, robust, SimPO, ORPO)."""
-
-    # Preference pairs: `prompt` + `chosen` + `rejected`.
-    data: DataSection = field(default_factory=_preference_data)
-    # The preference loss and its reference model.
-    dpo: DPOSection = field(default_factory=DPOSection)
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.dpo.label_smoothing and self.dpo.loss_type not in ("sigmoid", "robust"):
-            raise InputError(f"label smoothing applies to the sigmoid and robust losses only, "
-                             f"not {self.dpo.loss_type!r}", key="dpo.label_smoothing")
-        if self.dpo.reference == "adapters_off" and self.model.lora.rank == 0:
-            raise InputError("switching adapters off needs adapters: set model.lora.rank > 0, "
-                             "or dpo.reference to copy or precomputed", key="dpo.reference")
-
-
-@dataclass(frozen=True)
 class RewardSection:
     # Required gap between chosen and rejected rewards inside the log-sigmoid; None = 0.
     margin: float | None = None

@@ -70,7 +70,7 @@ class DPOConfig(TrainConfig):
     # The preference loss and its reference model; online DPO's sampling.
     dpo: DPOSection = field(default_factory=DPOSection)
     # Online DPO's judge: the reward functions (and reward model) that rank the samples, as
-    # `hone grpo` reads them; unused offline.
+    # `hone grpo` reads them; online only (an offline config that sets it is an error).
     rewards: RewardsSection = field(default_factory=RewardsSection)
 
     def __post_init__(self):

@@ -30,7 +30,7 @@ from hone.config.yaml_io import read_yaml
 from hone.errors import InputError
 
 STAGE_COMMANDS = ("sft", "dpo", "kto", "reward", "grpo", "ppo", "distill")
-_RL = ("grpo", "ppo")
+_RL = ("grpo", "ppo", "dpo")  # the commands with a `rewards:` section (dpo: online only)
 # One folder name: no path, no dot (so `STAGE.key=value` splits at the first dot, and no stage
 # folder can be named like the pipeline.yaml beside them).
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
@@ -52,8 +52,8 @@ class Stage:
     # nearest earlier stage that is not a reward stage (the first stage, or a stage whose
     # overrides set model.source, keeps its own).
     model_from: str | None = None
-    # grpo/ppo: the earlier reward stage whose exported reward model scores the rollouts
-    # (rewards.reward_model); None = the config's own rewards.
+    # grpo/ppo/online dpo: the earlier reward stage whose exported reward model scores the
+    # rollouts (rewards.reward_model); None = the config's own rewards.
     reward_model_from: str | None = None
 
 
@@ -103,8 +103,9 @@ class PipelineConfig:
                                      "model; keep one", key=at + "model_from")
             if s.reward_model_from is not None:
                 if s.command not in _RL:
-                    raise InputError(f"only grpo and ppo stages score with a reward model, "
-                                     f"this is a {s.command} stage", key=at + "reward_model_from")
+                    raise InputError(f"only grpo, ppo and online dpo stages score with a reward "
+                                     f"model, this is a {s.command} stage",
+                                     key=at + "reward_model_from")
                 self._check_from(i, s.reward_model_from, "reward_model_from", seen)
                 if self.stages[seen[s.reward_model_from]].command != "reward":
                     raise InputError(f"{s.reward_model_from!r} is a "

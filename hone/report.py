@@ -40,7 +40,8 @@ _GUARD_KEYS = ("guard/skipped", "guard/rollbacks", "guard/lr_scale")
 _SETTINGS = {"grpo": ("group_size", "scale", "loss_agg", "ratio", "clip_eps", "beta"),
              "ppo": ("critic", "kl_coef", "gamma", "lam", "clip_eps"),
              "distill": ("mode", "kind", "temperature", "alpha"),
-             "dpo": ("loss_type", "beta", "reference"), "reward": ("margin", "center_coef")}
+             "dpo": ("loss_type", "beta", "reference", "online"),
+             "reward": ("margin", "center_coef")}
 
 
 @dataclass(frozen=True)

@@ -122,7 +122,8 @@ def test_update_is_the_same_for_any_micro_batch_split_and_withheld_without_pairs
 
 
 # The judge: the tiny config's (length penalty + answer match) and a stop_signal function of
-# weight 0 (a SIGTERM from inside a rollout, as a preemption would land).
+# weight 0 (a SIGTERM from inside a rollout, as a preemption would land). 4 samples per prompt
+# (best against worst): fewer prompts tie than with the config's 2, so 6 steps are enough.
 RUN = ["train.max_steps=6", "train.eval_every=6", "dpo.group_size=4", "dpo.eval_prompts=8",
        "checkpoint.every_steps=100", "log.sinks=[jsonl]",
        "rewards.functions=[rl_toy_rewards:stop_signal]", "rewards.function_weights=[0.0]"]

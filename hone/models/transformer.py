@@ -257,8 +257,9 @@ class Transformer(nnx.Module):
         nnx intermediate (several passes of one step append; `pop_router_sums` adds them)."""
         sums = [r for r in reports if r is not None]
         if sums:
-            self.sow(nnx.Intermediate, "router_sums",
-                     jax.tree.map(lambda *xs: jnp.stack(xs), *sums))
+            stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *sums)
+            before = self.router_sums.get_value() if hasattr(self, "router_sums") else ()
+            self.router_sums = nnx.Intermediate(before + (stacked,))
 
     def __call__(self, tokens: jax.Array, positions: jax.Array | None = None,
                  attention_mask: jax.Array | None = None,

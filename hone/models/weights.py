@@ -98,11 +98,21 @@ def _fused(template: str) -> tuple[str, int | None]:
     return base + "down_proj", None
 
 
+def stored_name(name: str, available: set[str]) -> str:
+    """The name a table entry's tensor has in this source: the published one, else the one
+    transformers 5 uses when saving with save_original_format=False (Mixtral's
+    block_sparse_moe renamed mlp)."""
+    if name in available:
+        return name
+    other = name.replace(".block_sparse_moe.", ".mlp.")
+    return other if other in available else name
+
+
 def missing_names(name: str, kind: str, available: set[str], experts: int) -> list[str]:
     """The tensors a table entry needs that `available` lacks (experts: every per-expert
     tensor, unless the fused tensor is there)."""
     if kind != "experts":
-        return [] if name in available else [name]
+        return [] if stored_name(name, available) in available else [name]
     if _fused(name)[0] in available:
         return []
     return [n for n in (name.format(e) for e in range(experts)) if n not in available]
@@ -218,6 +228,7 @@ def build_model(cfg: ModelConfig, source: TensorSource, dtype=jnp.float32,
             arr = read_experts(source, name, var.shape, range(var.shape[0]))
             leaves.append((path, var.replace(convert(arr))))
             continue
+        name = stored_name(name, available)
         arr = source.get(name)
         want = hf_shape(var.shape, kind)
         if tuple(arr.shape) != want:

@@ -20,7 +20,7 @@ __all__ = ["COMMANDS", "CheckpointSection", "DataSection", "DistillConfig", "Dis
            "TeacherSection", "DPOConfig", "DPOSection",
            "GRPOConfig", "GRPOSection", "GuardSection", "KTOConfig", "KTODataSection", "KTOSection",
            "PPOConfig", "PPOSection", "RewardsSection",
-           "LogSection", "LoraSection", "MeshSection", "DistributedSection", "ModelSection", "MoeSection",
-           "RewardConfig",
+           "LogSection", "LoraSection", "MeshSection", "DistributedSection", "ModelSection",
+           "MoeSection", "RewardConfig",
            "RewardSection", "SFTConfig", "TrainConfig", "TrainSection", "check_fields",
            "dump_yaml", "load_config", "to_dict"]

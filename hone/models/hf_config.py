@@ -321,6 +321,9 @@ def _moe_dict(cfg: ModelConfig) -> dict:
          "mlp_only_layers": list(m.mlp_only_layers),
          "decoder_sparse_step": m.decoder_sparse_step, "use_sliding_window": False}
     if cfg.family == "qwen2_moe":
+        if not m.shared_expert_intermediate_size:  # transformers always builds one
+            raise InputError("qwen2_moe needs a shared expert (shared_expert_intermediate_size)",
+                             key="moe")
         d.update(shared_expert_intermediate_size=m.shared_expert_intermediate_size,
                  qkv_bias=cfg.attention_bias)
     else:

@@ -1,7 +1,11 @@
 """The one decoder-only transformer behind every family (Llama 3, SmolLM2, Qwen2/3, Gemma 1/2/3).
 
 Family quirks are ModelConfig flags: attention bias, q/k norm, GeGLU, norm offset, embedding
-scale, post-norms, soft-capping, sliding-window layers with their own rotary base, tied output.
+scale, post-norms, soft-capping, sliding-window layers with their own rotary base, tied output,
+and routed (mixture-of-experts) MLPs in some blocks (Qwen3-MoE, Mixtral, Qwen2-MoE;
+hone/models/moe.py). What the routers did leaves a training forward pass as per-layer sums
+kept in an nnx intermediate on the Transformer (`router_loss`, `pop_router_sums`): blocks
+return them through the loop and the scan alike, and the train step adds the router losses.
 Layers are a Python list so per-layer differences, adapters and intermediate activations stay
 simple; with `scan_layers` the forward pass runs them as a scan over their weights stacked on the
 fly (hone/models/scan_layers.py), which is what lets remat bound the backward pass's memory.

@@ -4,7 +4,7 @@ from hone.config.fields import check_fields
 from hone.config.loader import load_config
 from hone.config.schema import (CheckpointSection, DataSection, DistributedSection,
                                 GuardSection, LogSection, LoraSection, MeshSection,
-                                ModelSection,
+                                ModelSection, MoeSection,
                                 RewardConfig, RewardSection, SFTConfig, TrainConfig,
                                 TrainSection)
 from hone.config.dpo_schema import DPOConfig, DPOSection
@@ -22,6 +22,6 @@ __all__ = ["COMMANDS", "CheckpointSection", "DataSection", "DistillConfig", "Dis
            "GRPOConfig", "GRPOSection", "GuardSection", "KTOConfig", "KTODataSection", "KTOSection",
            "PPOConfig", "PPOSection", "RewardsSection",
            "LogSection", "LoraSection", "MeshSection", "DistributedSection", "ModelSection",
-           "RewardConfig",
+           "MoeSection", "RewardConfig",
            "RewardSection", "SFTConfig", "TrainConfig", "TrainSection", "check_fields",
            "dump_yaml", "load_config", "to_dict"]

@@ -54,6 +54,20 @@ class LoraSection:
 
 
 @dataclass(frozen=True)
+class MoeSection:
+    # Mixture-of-experts models only (docs/guides/moe.md); ignored for dense ones.
+    # Load-balancing loss (Switch/Mixtral form: E x sum over experts of the fraction of top-k
+    # choices times the mean router probability) added to every command's loss, times this.
+    # transformers' router_aux_loss_coef default for Mixtral and Qwen-MoE.
+    aux_loss_coef: float = field(default=0.001, metadata={"min": 0.0})
+    # Router z-loss (mean logsumexp(router logits)^2, ST-MoE) added times this; 0 = off.
+    z_loss_coef: float = field(default=0.0, metadata={"min": 0.0})
+    # Keep every router's weights as loaded (no update): routing then drifts only through the
+    # hidden states, which keeps RL's sampler and trainer choosing the same experts longer.
+    freeze_router: bool = False
+
+
+@dataclass(frozen=True)
 class ModelSection:
     # Anything hone.load_model takes: a preset name, a Hugging Face folder or a .gguf file.
     source: str = "tiny"
@@ -74,6 +88,8 @@ class ModelSection:
     # cudnn on GPU, splash on a single TPU chip (unpartitioned on a mesh), else blockwise.
     attention: str = field(default="auto", metadata={
         "choices": ("auto", "dense", "blockwise", "cudnn", "splash")})
+    # Router losses and router freezing of mixture-of-experts models.
+    moe: MoeSection = field(default_factory=MoeSection)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ Design choices:
 - Per-layer differences (sliding-window vs global attention, and the rotary base each uses) are a
   tuple with one entry per layer, so the model loops over layers without special cases.
 - The config is a frozen dataclass: hashable, so it can be a static argument of a jitted function.
+- Mixture-of-experts (Qwen3-MoE, Mixtral, Qwen2-MoE) is one more option: `moe` (a `MoE`) makes
+  some blocks' MLPs routed (hone/models/moe.py); None is a dense model, exactly as before.
 """
 
 from __future__ import annotations
@@ -28,10 +30,33 @@ class RopeScaling:
 
 
 @dataclass(frozen=True)
+class MoE:
+    """A routed MLP: a router picks `num_experts_per_tok` of `num_experts` gated MLPs per token.
+    Field names follow transformers' Qwen2-MoE/Qwen3-MoE configs (Mixtral: num_local_experts,
+    intermediate_size)."""
+
+    num_experts: int = 8  # E, experts per routed layer
+    num_experts_per_tok: int = 2  # k, experts each token is sent to (top-k of the router)
+    moe_intermediate_size: int = 128  # F of each expert's gated MLP
+    # Divide the k chosen softmax weights by their sum (Qwen3-MoE: true; Mixtral: always;
+    # Qwen2-MoE: false, the raw softmax probabilities weight the experts).
+    norm_topk_prob: bool = True
+    # Width of the shared expert every token also goes through, scaled by a sigmoid gate
+    # (Qwen2-MoE); 0 = none.
+    shared_expert_intermediate_size: int = 0
+    # Layers (0-based) that keep a dense MLP of width intermediate_size.
+    mlp_only_layers: tuple[int, ...] = ()
+    # Layer i is routed when (i + 1) % decoder_sparse_step == 0 (and i is not mlp_only).
+    decoder_sparse_step: int = 1
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """Architecture only: no weights, no training settings. Defaults describe a Llama-style model."""
 
-    family: str = "llama"  # HF model_type written on export: llama | qwen2 | qwen3 | gemma | gemma2 | gemma3_text
+    # HF model_type written on export: llama | qwen2 | qwen3 | gemma | gemma2 | gemma3_text, and
+    # with `moe`: qwen3_moe | mixtral | qwen2_moe
+    family: str = "llama"
     vocab_size: int = 32000  # V
     hidden_size: int = 512  # D, the residual width
     intermediate_size: int = 1376  # F, the MLP width
@@ -56,6 +81,7 @@ class ModelConfig:
     final_logit_softcap: float | None = None  # cap*tanh(logits/cap) on the output logits (Gemma 2)
     sliding_window: int | None = None  # keys at distance >= window are masked on sliding layers
     layer_types: tuple[str, ...] = field(default=())  # per layer "global" | "sliding"; () = all global
+    moe: MoE | None = None  # routed MLPs (mixture of experts); None = every MLP dense
 
     def __post_init__(self):
         if not self.layer_types:
@@ -79,12 +105,30 @@ class ModelConfig:
         if self.head_dim % 2:
             raise InputError(f"head_dim must be even for rotary embeddings, got {self.head_dim}",
                              key="head_dim")
+        m = self.moe
+        if m is not None:
+            if not 1 <= m.num_experts_per_tok <= m.num_experts:
+                raise InputError(f"num_experts_per_tok {m.num_experts_per_tok} must lie in "
+                                 f"[1, num_experts = {m.num_experts}]", key="num_experts_per_tok")
+            if m.decoder_sparse_step < 1 or m.moe_intermediate_size < 1:
+                raise InputError("decoder_sparse_step and moe_intermediate_size must be >= 1",
+                                 key="decoder_sparse_step")
+            object.__setattr__(self, "moe", dataclasses.replace(
+                m, mlp_only_layers=tuple(sorted(set(m.mlp_only_layers)))))
 
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
 
-    def num_params(self) -> int:
-        """Parameter count from the shapes alone (equals the model's; checked in tests)."""
+    def routed(self, layer: int) -> bool:
+        """Is block `layer`'s MLP routed? (transformers' rule for Qwen2/3-MoE; Mixtral: all.)"""
+        m = self.moe
+        return (m is not None and layer not in m.mlp_only_layers
+                and (layer + 1) % m.decoder_sparse_step == 0)
+
+    def num_params(self, active: bool = False) -> int:
+        """Parameter count from the shapes alone (equals the model's; checked in tests).
+        active: count only the k experts a token goes through in each routed MLP (what its
+        forward pass multiplies), not all E."""
         d, f, n, k, h, v = (self.hidden_size, self.intermediate_size, self.num_heads,
                             self.num_kv_heads, self.head_dim, self.vocab_size)
         attn = d * n * h + 2 * d * k * h + n * h * d
@@ -93,13 +137,26 @@ class ModelConfig:
         if self.qk_norm:
             attn += 2 * h
         norms = (4 if self.post_norms else 2) * d
-        per_layer = attn + 3 * d * f + norms
-        return v * d * (1 if self.tie_embeddings else 2) + self.num_layers * per_layer + d
+        total = v * d * (1 if self.tie_embeddings else 2) + d
+        for i in range(self.num_layers):
+            total += attn + norms + (self._routed_params(active) if self.routed(i) else 3 * d * f)
+        return total
+
+    def _routed_params(self, active: bool) -> int:
+        """One routed MLP: router [D, E], experts 3 x [E, D, F_e] (k of them when active),
+        shared expert 3 x D x F_s and its gate [D, 1]."""
+        m, d = self.moe, self.hidden_size
+        experts = m.num_experts_per_tok if active else m.num_experts
+        count = d * m.num_experts + experts * 3 * d * m.moe_intermediate_size
+        if m.shared_expert_intermediate_size:
+            count += 3 * d * m.shared_expert_intermediate_size + d
+        return count
 
     def matmul_params(self) -> int:
         """Weights that multiply: every parameter but the input embedding table (a gather),
-        with the LM head counted once (tied: the table is that head)."""
-        return self.num_params() - self.vocab_size * self.hidden_size * (
+        with the LM head counted once (tied: the table is that head). Routed MLPs count their
+        active experts only (MFU counts the FLOPs a token costs)."""
+        return self.num_params(active=True) - self.vocab_size * self.hidden_size * (
             0 if self.tie_embeddings else 1)
 
     def flops_per_token(self, seq_len: int) -> float:
@@ -124,6 +181,11 @@ def _qwen2(**kw) -> ModelConfig:
 def _qwen3(**kw) -> ModelConfig:
     return ModelConfig(family="qwen3", qk_norm=True, norm_eps=1e-6, rope_theta=1e6,
                        max_position_embeddings=40960, head_dim=128, **kw)
+
+
+def _qwen3_moe(**kw) -> ModelConfig:
+    kw = dict(dict(max_position_embeddings=40960, head_dim=128), **kw)
+    return ModelConfig(family="qwen3_moe", qk_norm=True, norm_eps=1e-6, rope_theta=1e6, **kw)
 
 
 def _gemma_common(**kw) -> dict:
@@ -205,6 +267,26 @@ PRESETS: dict[str, ModelConfig] = {
     "gemma3-4b": _gemma3(34, hidden_size=2560, intermediate_size=10240, num_heads=8,
                          num_kv_heads=4, max_position_embeddings=131072,
                          rope_scaling=RopeScaling("linear", factor=8.0)),
+    # Mixture of experts: sizes from each model's published config.json.
+    "tiny-moe": _qwen3_moe(vocab_size=264, hidden_size=64, intermediate_size=128, num_layers=2,
+                           num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=512,
+                           tie_embeddings=True,
+                           moe=MoE(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)),
+    "qwen3-30b-a3b": _qwen3_moe(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                                num_layers=48, num_heads=32, num_kv_heads=4,
+                                moe=MoE(num_experts=128, num_experts_per_tok=8,
+                                        moe_intermediate_size=768)),
+    "mixtral-8x7b": ModelConfig(family="mixtral", vocab_size=32000, hidden_size=4096,
+                                intermediate_size=14336, num_layers=32, num_heads=32,
+                                num_kv_heads=8, head_dim=128, max_position_embeddings=32768,
+                                rope_theta=1e6, moe=MoE(num_experts=8, num_experts_per_tok=2,
+                                                        moe_intermediate_size=14336)),
+    "qwen1.5-moe-a2.7b": ModelConfig(
+        family="qwen2_moe", attention_bias=True, norm_eps=1e-6, rope_theta=1e6,
+        vocab_size=151936, hidden_size=2048, intermediate_size=5632, num_layers=24, num_heads=16,
+        num_kv_heads=16, head_dim=128, max_position_embeddings=8192,
+        moe=MoE(num_experts=60, num_experts_per_tok=4, moe_intermediate_size=1408,
+                norm_topk_prob=False, shared_expert_intermediate_size=5632)),
 }
 
 

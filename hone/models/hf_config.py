@@ -1,5 +1,5 @@
 """Hugging Face `config.json` <-> ModelConfig, for model_type llama, qwen2, qwen3, gemma, gemma2
-and gemma3_text.
+and gemma3_text, and the mixture-of-experts qwen3_moe, mixtral and qwen2_moe.
 
 Reads both transformers 5.x configs (rotary settings in `rope_parameters`, per layer type for
 Gemma 3) and older ones (top-level `rope_theta`, `rope_scaling`, `rope_local_base_freq`), and
@@ -14,13 +14,17 @@ import math
 from typing import Any
 
 from hone.errors import InputError
-from hone.models.config import ModelConfig, RopeScaling
+from hone.models.config import MoE, ModelConfig, RopeScaling
 
-FAMILIES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text")
+FAMILIES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "qwen3_moe", "mixtral",
+            "qwen2_moe")
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                   "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM",
-                  "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+                  "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
+                  "qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM",
+                  "qwen2_moe": "Qwen2MoeForCausalLM"}
 _GEMMAS = ("gemma", "gemma2", "gemma3_text")
+_MOES = ("qwen3_moe", "mixtral", "qwen2_moe")
 
 
 # A corrupt layer count must not build per-layer tables of billions of entries; this is far
@@ -114,6 +118,13 @@ def _layer_types(r: _Reader, family: str, num_layers: int) -> tuple[str, ...]:
     listed = r.d.get("layer_types")
     if family in ("qwen2", "qwen3") and not r.d.get("use_sliding_window", False):
         return ("global",) * num_layers
+    if family in ("qwen3_moe", "qwen2_moe"):
+        if r.d.get("use_sliding_window", False):
+            raise r.error("sliding-window attention in MoE models is not supported",
+                          "use_sliding_window")
+        return ("global",) * num_layers
+    if family == "mixtral":  # transformers slides every layer when sliding_window is set
+        return ("sliding" if r.d.get("sliding_window") else "global",) * num_layers
     if listed is not None:
         if (not isinstance(listed, list) or len(listed) != num_layers
                 or any(not isinstance(t, str) or t not in names for t in listed)):
@@ -160,6 +171,9 @@ def config_from_hf(d: dict, path: str = "config.json") -> ModelConfig:
         raise InputError(f"activation {_show(act)} is not supported; supported: "
                          f"{', '.join(activations)}", path=path,
                          key="hidden_activation" if gemma else "hidden_act")
+    if family == "qwen3_moe" and d.get("attention_bias"):
+        raise InputError("qwen3_moe with attention_bias is not supported", path=path,
+                         key="attention_bias")
     theta, local_theta, scaling = _rope(r, family)
     types = _layer_types(r, family, layers)
     sliding = "sliding" in types
@@ -178,8 +192,9 @@ def config_from_hf(d: dict, path: str = "config.json") -> ModelConfig:
         rope_local_theta=local_theta,
         rope_scaling=scaling,
         tie_embeddings=bool(d.get("tie_word_embeddings", gemma)),
-        attention_bias=family == "qwen2",
-        qk_norm=family in ("qwen3", "gemma3_text"),
+        attention_bias=family == "qwen2" or (family == "qwen2_moe"
+                                              and bool(d.get("qkv_bias", True))),
+        qk_norm=family in ("qwen3", "gemma3_text", "qwen3_moe"),
         activation=activations[act],
         norm_offset=1.0 if gemma else 0.0,
         embed_scale=gemma,
@@ -190,6 +205,7 @@ def config_from_hf(d: dict, path: str = "config.json") -> ModelConfig:
         final_logit_softcap=r.get("final_logit_softcapping", float, None),
         sliding_window=r.get("sliding_window", int) if sliding else None,
         layer_types=types,
+        moe=_moe(r, family, layers) if family in _MOES else None,
     )
     try:
         return ModelConfig(**fields)
@@ -197,6 +213,28 @@ def config_from_hf(d: dict, path: str = "config.json") -> ModelConfig:
         if e.path is not None:
             raise
         raise InputError(str(e).removeprefix(f"'{e.key}': "), path=path, key=e.key) from None
+
+
+def _moe(r: _Reader, family: str, num_layers: int) -> MoE:
+    """The routed-MLP settings (Qwen2/3-MoE key names; Mixtral's num_local_experts, its
+    experts as wide as intermediate_size, every layer routed, weights always renormalised)."""
+    experts = r.get("num_experts", int, None) or r.get("num_local_experts", int)
+    if family == "mixtral":
+        return MoE(num_experts=experts, num_experts_per_tok=r.get("num_experts_per_tok", int),
+                   moe_intermediate_size=r.get("intermediate_size", int), norm_topk_prob=True)
+    only = r.d.get("mlp_only_layers") or []
+    if not isinstance(only, list) or any(not isinstance(i, int) or isinstance(i, bool)
+                                         or not 0 <= i < num_layers for i in only):
+        raise r.error(f"expected a list of layer indices below {num_layers}, got {_show(only)}",
+                      "mlp_only_layers")
+    norm = r.d.get("norm_topk_prob", False)
+    if not isinstance(norm, bool):
+        raise r.error(f"expected true or false, got {_show(norm)}", "norm_topk_prob")
+    shared = r.get("shared_expert_intermediate_size", int, 0) if family == "qwen2_moe" else 0
+    return MoE(num_experts=experts, num_experts_per_tok=r.get("num_experts_per_tok", int),
+               moe_intermediate_size=r.get("moe_intermediate_size", int), norm_topk_prob=norm,
+               shared_expert_intermediate_size=shared, mlp_only_layers=tuple(only),
+               decoder_sparse_step=r.get("decoder_sparse_step", int, 1))
 
 
 def _scaling_dict(s: RopeScaling | None, theta: float) -> dict:
@@ -246,6 +284,8 @@ def config_to_hf(cfg: ModelConfig, *, bos_id: int | None = None, eos_id: int | N
                              if k != "rope_theta"}
     if cfg.family == "llama":
         d.update(attention_bias=False, mlp_bias=False)
+    if cfg.moe is not None:
+        d.update(_moe_dict(cfg))
     if cfg.family in ("qwen2", "qwen3"):
         sliding = "sliding" in cfg.layer_types
         d.update(use_sliding_window=sliding, sliding_window=cfg.sliding_window,
@@ -262,4 +302,30 @@ def config_to_hf(cfg: ModelConfig, *, bos_id: int | None = None, eos_id: int | N
     if any(t == "sliding" for t in cfg.layer_types) or cfg.family in ("gemma2", "gemma3_text"):
         d["layer_types"] = ["sliding_attention" if t == "sliding" else "full_attention"
                             for t in cfg.layer_types]
+    return d
+
+
+def _moe_dict(cfg: ModelConfig) -> dict:
+    m = cfg.moe
+    if cfg.family == "mixtral":
+        if m.moe_intermediate_size != cfg.intermediate_size or not m.norm_topk_prob or (
+                m.shared_expert_intermediate_size or m.mlp_only_layers
+                or m.decoder_sparse_step != 1):
+            raise InputError("mixtral has experts of width intermediate_size in every layer, "
+                             "renormalised top-k weights and no shared expert", key="moe")
+        return {"num_local_experts": m.num_experts, "num_experts_per_tok": m.num_experts_per_tok,
+                "sliding_window": cfg.sliding_window, "router_jitter_noise": 0.0}
+    d = {"num_experts": m.num_experts, "num_local_experts": m.num_experts,
+         "num_experts_per_tok": m.num_experts_per_tok,
+         "moe_intermediate_size": m.moe_intermediate_size, "norm_topk_prob": m.norm_topk_prob,
+         "mlp_only_layers": list(m.mlp_only_layers),
+         "decoder_sparse_step": m.decoder_sparse_step, "use_sliding_window": False}
+    if cfg.family == "qwen2_moe":
+        if not m.shared_expert_intermediate_size:  # transformers always builds one
+            raise InputError("qwen2_moe needs a shared expert (shared_expert_intermediate_size)",
+                             key="moe")
+        d.update(shared_expert_intermediate_size=m.shared_expert_intermediate_size,
+                 qkv_bias=cfg.attention_bias)
+    else:
+        d["attention_bias"] = False
     return d

@@ -100,7 +100,7 @@ def load_tokenizer(source: str | Path):
     src = str(source)
     if src in SHIPPED:
         return Tokenizer.from_gguf(_gguf_path(src))
-    if src == "tiny":
+    if src in ("tiny", "tiny-moe"):  # the test presets: 264 = 256 bytes + 8 specials
         return Tokenizer.byte_level()
     path = Path(src)
     if path.suffix == ".gguf":
@@ -108,5 +108,5 @@ def load_tokenizer(source: str | Path):
     if path.is_dir():
         return Tokenizer.from_hf_folder(path)
     raise InputError("no tokenizer for this source: give a Hugging Face folder with "
-                     "tokenizer.json, a .gguf file, 'tiny' or a shipped model",
+                     "tokenizer.json, a .gguf file, 'tiny', 'tiny-moe' or a shipped model",
                      path=src, key="model.source")

@@ -11,8 +11,9 @@ from hone.models.linear import Linear
 
 
 class GatedMLP(nnx.Module):
-    def __init__(self, cfg: ModelConfig, dtype, rngs: nnx.Rngs):
-        d, f = cfg.hidden_size, cfg.intermediate_size
+    def __init__(self, cfg: ModelConfig, dtype, rngs: nnx.Rngs, width: int | None = None):
+        # width: F, default intermediate_size (a routed MLP's shared expert has its own)
+        d, f = cfg.hidden_size, width or cfg.intermediate_size
         self.gate = Linear((d,), (f,), ("embed", "mlp"), dtype, rngs)
         self.up = Linear((d,), (f,), ("embed", "mlp"), dtype, rngs)
         self.down = Linear((f,), (d,), ("mlp", "embed"), dtype, rngs)
@@ -27,8 +28,11 @@ class GatedMLP(nnx.Module):
                                          self.activation)
             return self.down(hidden.astype(x.dtype))
         gate = self.gate(x)  # [B, T, F]
-        if self.activation == "silu":
-            act = jax.nn.silu(gate)
-        else:
-            act = jax.nn.gelu(gate, approximate=True)
-        return self.down(act * self.up(x))
+        return self.down(activate(gate, self.activation) * self.up(x))
+
+
+def activate(gate: jax.Array, activation: str) -> jax.Array:
+    """The gated MLP's nonlinearity: silu (SwiGLU) or tanh-approximated gelu (GeGLU)."""
+    if activation == "silu":
+        return jax.nn.silu(gate)
+    return jax.nn.gelu(gate, approximate=True)

@@ -39,8 +39,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-# step(block, x) -> x: one block on the hidden states [B, T, D].
-Step = Callable[[nnx.Module, jax.Array], jax.Array]
+# step(block, x) -> (x, report): one block on the hidden states [B, T, D], and any pytree the
+# block reports (a routed MLP's router sums; None when there is nothing to report).
+Step = Callable[[nnx.Module, jax.Array], tuple[jax.Array, object]]
 
 
 def scan_setting(setting: str, remat: str) -> bool:
@@ -76,10 +77,11 @@ def _stack(states: list):
     return jax.tree.unflatten(treedef, [jnp.stack(xs) for xs in zip(*leaves)])
 
 
-def run_blocks(blocks, x: jax.Array, step: Step, policy=None) -> jax.Array:
-    """x [B, T, D] through every block in order, as `for b in blocks: x = step(b, x)` does,
-    with whole groups of blocks (see `period`) run as a scan. policy: the jax.checkpoint policy
-    of each block (None = no rematerialisation)."""
+def run_blocks(blocks, x: jax.Array, step: Step, policy=None) -> tuple[jax.Array, list]:
+    """x [B, T, D] through every block in order, as `for b in blocks: x, r = step(b, x)` does,
+    with whole groups of blocks (see `period`) run as a scan; returns x and each block's report,
+    in block order (the scanned ones stacked by the scan, sliced back). policy: the
+    jax.checkpoint policy of each block (None = no rematerialisation)."""
     blocks = list(blocks)
     splits = [nnx.split(b) for b in blocks]
     graphdefs = [g for g, _ in splits]
@@ -96,15 +98,21 @@ def run_blocks(blocks, x: jax.Array, step: Step, policy=None) -> jax.Array:
     one, loose = remat(False), remat(True)
     p = period(graphdefs)
     groups = len(blocks) // p if p else 0
+    reports = []
     if groups:
         stacked = [_stack([splits[g * p + j][1] for g in range(groups)]) for j in range(p)]
 
         def body(x, states):  # states: the weights of one group, a block per position
+            out = []
             for j in range(p):
-                x = one(graphdefs[j], states[j], x)
-            return x, None
+                x, report = one(graphdefs[j], states[j], x)
+                out.append(report)
+            return x, out
 
-        x, _ = jax.lax.scan(body, x, stacked)
+        x, stacked_reports = jax.lax.scan(body, x, stacked)  # each report leaf: [groups, ...]
+        reports = [jax.tree.map(lambda a, g=g: a[g], stacked_reports[j])
+                   for g in range(groups) for j in range(p)]
     for graphdef, state in splits[groups * p:]:  # the ragged tail of the pattern, or all
-        x = loose(graphdef, state, x)
-    return x
+        x, report = loose(graphdef, state, x)
+        reports.append(report)
+    return x, reports

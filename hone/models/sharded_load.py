@@ -41,7 +41,8 @@ from safetensors import SafetensorError
 from hone.errors import InputError
 from hone.models.config import ModelConfig
 from hone.models.transformer import Transformer
-from hone.models.weights import DictSource, hf_name_table, hf_shape
+from hone.models.weights import (DictSource, hf_name_table, hf_shape, missing_names,
+                                 read_experts, stored_name)
 
 Index = tuple[slice, ...]  # one step-1 slice per axis, bounds resolved
 
@@ -165,13 +166,17 @@ def build_sharded(cfg: ModelConfig, source, dtype, layout) -> Transformer:
     graphdef, flat = _abstract(cfg, dtype)
     table = hf_name_table(cfg)
     available = source.names()
-    missing = [table[path][0] for path, _ in flat if table[path][0] not in available]
+    experts = cfg.moe.num_experts if cfg.moe is not None else 0
+    missing = [n for path, _ in flat for n in missing_names(*table[path], available, experts)]
     if missing:
         raise InputError(f"tensor {missing[0]!r} is missing ({len(missing)} missing in all)",
                          path=source.where(missing[0]))
     tensors = {}
     for path, var in flat:
         name, kind = table[path]
+        if kind == "experts":  # read per block of experts below (read_experts checks shapes)
+            continue
+        name = stored_name(name, available)
         tensor = tensors[path] = _Tensor(source, name)
         want = hf_shape(var.shape, kind)
         if tensor.shape != want:
@@ -179,7 +184,15 @@ def build_sharded(cfg: ModelConfig, source, dtype, layout) -> Transformer:
                              f"the config", path=source.where(name))
     leaves = []
     for path, var in flat:
-        tensor, kind, shape = tensors.pop(path), table[path][1], tuple(var.shape)
+        name, kind = table[path]
+        shape = tuple(var.shape)
+        if kind == "experts":  # a device's block: the experts of its block, then cut
+            value = _make_array(shape, dtype, _sharding(layout, var), lambda index: read_experts(
+                source, name, shape, range(index[0].start, index[0].stop))[
+                    (slice(None),) + index[1:]])
+            leaves.append((path, var.replace(value)))
+            continue
+        tensor = tensors.pop(path)
         # The callback runs inside _make_array, once per local device, before the loop moves on.
         value = _make_array(shape, dtype, _sharding(layout, var),
                             lambda index: hf_block(tensor.read, index, shape, kind))

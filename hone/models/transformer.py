@@ -1,7 +1,11 @@
 """The one decoder-only transformer behind every family (Llama 3, SmolLM2, Qwen2/3, Gemma 1/2/3).
 
 Family quirks are ModelConfig flags: attention bias, q/k norm, GeGLU, norm offset, embedding
-scale, post-norms, soft-capping, sliding-window layers with their own rotary base, tied output.
+scale, post-norms, soft-capping, sliding-window layers with their own rotary base, tied output,
+and routed (mixture-of-experts) MLPs in some blocks (Qwen3-MoE, Mixtral, Qwen2-MoE;
+hone/models/moe.py). What the routers did leaves a training forward pass as per-layer sums
+kept in an nnx intermediate on the Transformer (`router_loss`, `pop_router_sums`): blocks
+return them through the loop and the scan alike, and the train step adds the router losses.
 Layers are a Python list so per-layer differences, adapters and intermediate activations stay
 simple; with `scan_layers` the forward pass runs them as a scan over their weights stacked on the
 fly (hone/models/scan_layers.py), which is what lets remat bound the backward pass's memory.
@@ -22,8 +26,10 @@ from hone.models.layers import Embedder, RMSNorm, rope_inv_freq, rope_tables
 from hone.models.linear import Linear
 from hone.models.masks import MaskSpec
 from hone.models.mlp import GatedMLP
+from hone.models.moe import RoutedMLP, RouterLoss
 from hone.models.scan_layers import run_blocks, scannable
 from hone.models.layers import positions_from_mask
+from hone.losses.moe import RouterSums, router_sums
 
 
 def remat_policy(name: str):
@@ -39,29 +45,43 @@ def remat_policy(name: str):
 
 
 class Block(nnx.Module):
-    """Pre-norm residual block; Gemma 2/3 also normalise each sub-layer's output."""
+    """Pre-norm residual block; Gemma 2/3 also normalise each sub-layer's output. The MLP is
+    dense (GatedMLP) or, in mixture-of-experts layers, routed (RoutedMLP)."""
 
-    def __init__(self, cfg: ModelConfig, layer_type: str, dtype, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, layer_type: str, dtype, rngs: nnx.Rngs,
+                 routed: bool = False):
         norm = lambda: RMSNorm(cfg.hidden_size, cfg.norm_eps, cfg.norm_offset, dtype)  # noqa: E731
         self.layer_type = layer_type
         self.attn_norm = norm()
         self.attn = Attention(cfg, dtype, rngs)
         self.mlp_norm = norm()
-        self.mlp = GatedMLP(cfg, dtype, rngs)
+        self.mlp = RoutedMLP(cfg, dtype, rngs) if routed else GatedMLP(cfg, dtype, rngs)
         self.attn_post_norm = norm() if cfg.post_norms else None
         self.mlp_post_norm = norm() if cfg.post_norms else None
 
     def __call__(self, x: jax.Array, attend: Callable[[jax.Array], jax.Array]) -> jax.Array:
         """attend: normed hidden [B, T, D] -> attention output [B, T, D]. The caller chooses
         how keys are found (the sequence itself, or a KV cache); the block owns the rest."""
+        return self.forward(x, attend)[0]
+
+    def forward(self, x: jax.Array, attend: Callable[[jax.Array], jax.Array],
+                valid: jax.Array | None = None) -> tuple[jax.Array, RouterSums | None]:
+        """(the block's output, its router's sums over the tokens `valid` [B*T] marks): the
+        sums only for a routed MLP given `valid`, else None (hone/losses/moe.py)."""
         h = attend(self.attn_norm(x))
         if self.attn_post_norm is not None:
             h = self.attn_post_norm(h)
         x = x + h
-        h = self.mlp(self.mlp_norm(x))
+        sums = None
+        if isinstance(self.mlp, RoutedMLP):
+            h, logits, chosen = self.mlp.forward(self.mlp_norm(x))
+            if valid is not None:
+                sums = router_sums(logits, chosen, valid)
+        else:
+            h = self.mlp(self.mlp_norm(x))
         if self.mlp_post_norm is not None:
             h = self.mlp_post_norm(h)
-        return x + h
+        return x + h, sums
 
 
 class Transformer(nnx.Module):
@@ -71,7 +91,8 @@ class Transformer(nnx.Module):
         rngs = rngs if rngs is not None else nnx.Rngs(0)
         self.config = cfg
         self.embedder = Embedder(cfg, dtype, rngs)
-        self.layers = nnx.List([Block(cfg, t, dtype, rngs) for t in cfg.layer_types])
+        self.layers = nnx.List([Block(cfg, t, dtype, rngs, cfg.routed(i))
+                                for i, t in enumerate(cfg.layer_types)])
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps, cfg.norm_offset, dtype)
         # Gradient checkpointing of each block: "none", "full", "save_dots" or "offload" (dots
         # to host memory where the backend has one). Set by the trainer; static, so a change
@@ -95,6 +116,11 @@ class Transformer(nnx.Module):
         # for sequence parallelism (hone/parallel/sequence.py), so this file names no mesh axis.
         # Static (hashable), like the settings above; the sampler's cached passes ignore it.
         self.sequence_attention: Callable | None = None
+        # Mixture of experts: the router-loss coefficients of a training run (set by the
+        # trainer from model.moe; static). When set, each forward pass records its routed
+        # layers' router sums, which the train step takes (`pop_router_sums`) and adds to the
+        # loss. None (and always for dense models): nothing is recorded.
+        self.router_loss: RouterLoss | None = None
         self.lm_head = (None if cfg.tie_embeddings else
                         Linear((cfg.hidden_size,), (cfg.vocab_size,), ("embed", "vocab"), dtype,
                                rngs))
@@ -184,9 +210,13 @@ class Transformer(nnx.Module):
         captured: dict = {"hidden": {}, "attention": {}}
         if 0 in hidden_layers:
             captured["hidden"][0] = x
+        # [B*T]: the tokens whose routing the router losses count (None: record nothing)
+        record = (valid.reshape(-1) if self.router_loss is not None
+                  and self.config.moe is not None else None)
 
         def run(layer, x, cos, sin, mask):
-            return layer(x, lambda h: layer.attn(h, cos, sin, mask, impl=impl, block=block))
+            return layer.forward(
+                x, lambda h: layer.attn(h, cos, sin, mask, impl=impl, block=block), record)
 
         def run_probs(layer, x, cos, sin, mask):
             probs = []
@@ -196,7 +226,8 @@ class Transformer(nnx.Module):
                 probs.append(p)
                 return out
 
-            return layer(x, attend), probs[0]
+            x, sums = layer.forward(x, attend, record)
+            return x, sums, probs[0]
 
         if (self.scan_layers and not hidden_layers and not attention_layers
                 and scannable(self.layers)):
@@ -205,20 +236,34 @@ class Transformer(nnx.Module):
                 return run(layer, x, cos, sin, masks[layer.layer_type])
 
             policy = None if self.remat == "none" else remat_policy(self.remat)
-            return self.final_norm(run_blocks(self.layers, x, step, policy)), captured
+            x, reports = run_blocks(self.layers, x, step, policy)
+            self._record(reports)
+            return self.final_norm(x), captured
         if self.remat != "none":
             run = nnx.remat(run, policy=remat_policy(self.remat))
             run_probs = nnx.remat(run_probs, policy=remat_policy(self.remat))
+        reports = []
         for i, layer in enumerate(self.layers):
             cos, sin = ropes[layer.layer_type]
             if i in attention_layers:
-                x, captured["attention"][i] = run_probs(layer, x, cos, sin,
-                                                        masks[layer.layer_type])
+                x, sums, captured["attention"][i] = run_probs(layer, x, cos, sin,
+                                                              masks[layer.layer_type])
             else:
-                x = run(layer, x, cos, sin, masks[layer.layer_type])
+                x, sums = run(layer, x, cos, sin, masks[layer.layer_type])
+            reports.append(sums)
             if i + 1 in hidden_layers:
                 captured["hidden"][i + 1] = x
+        self._record(reports)
         return self.final_norm(x), captured
+
+    def _record(self, reports: list) -> None:
+        """Keep the routed layers' router sums of this pass, stacked [L_routed, ...], as an
+        nnx intermediate (several passes of one step append; `pop_router_sums` adds them)."""
+        sums = [r for r in reports if r is not None]
+        if sums:
+            stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *sums)
+            before = self.router_sums.get_value() if hasattr(self, "router_sums") else ()
+            self.router_sums = nnx.Intermediate(before + (stacked,))
 
     def __call__(self, tokens: jax.Array, positions: jax.Array | None = None,
                  attention_mask: jax.Array | None = None,
@@ -226,3 +271,17 @@ class Transformer(nnx.Module):
                  branch_ids: jax.Array | None = None) -> jax.Array:
         return self.logits_from_hidden(self.hidden(tokens, positions, attention_mask, segment_ids,
                                                    branch_ids=branch_ids))
+
+
+def pop_router_sums(model: nnx.Module) -> list[tuple[RouterLoss, RouterSums]]:
+    """(coefficients, router sums) of every transformer inside `model` that recorded its
+    routing in forward passes since it was built or last popped; the sums of several passes
+    added. Removes them from the model. Empty for dense models and when nothing recorded."""
+    found = []
+    for _, module in nnx.iter_modules(model):
+        if isinstance(module, Transformer) and hasattr(module, "router_sums"):
+            passes = module.router_sums.get_value()  # a tuple: one entry per forward pass
+            del module.router_sums
+            total = jax.tree.map(lambda *xs: sum(xs), *passes)
+            found.append((module.router_loss, total))
+    return found

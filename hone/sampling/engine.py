@@ -170,7 +170,10 @@ def _packable(model):
     """(path key, module) of every product the decode kernel can take over: each attention's
     q, k and v as one (the module is the Attention), each gated MLP's gate and up as one (the
     GatedMLP; not with LoRA on either, whose update comes before the activation), the other
-    Linears, and the embedding table when it is also the output projection."""
+    Linears, and the embedding table when it is also the output projection. A routed MLP
+    (hone/models/moe.py) is none of these: its router and stacked experts stay unpacked and
+    decode runs them through its grouped path; its shared expert (a GatedMLP) and that
+    expert's gate (a Linear) are packed like any other."""
     tied = getattr(model, "lm_head", None) is None
     modules = list(nnx.iter_modules(model))
     fused = {id(m) for _, m in modules if isinstance(m, Attention) or (

@@ -34,7 +34,8 @@ def build_model(cfg, *, layout=None, log=print):
 
 def prepare_for_training(model, cfg):
     """What the config asks of a loaded model before training: LoRA adapters (model.lora), the
-    blocks that train (model.train_layers), and the static settings of its forward pass
+    blocks that train (model.train_layers), the router losses and frozen routers of a
+    mixture-of-experts model (model.moe), and the static settings of its forward pass
     (train.remat, train.scan_layers, model.attention, train.head_chunk). Returns the trainable
     filter."""
     from hone.models.lora import LoRAParam, apply_lora
@@ -46,6 +47,12 @@ def prepare_for_training(model, cfg):
         trainable = LoRAParam
     if cfg.model.train_layers is not None:
         trainable = nnx.All(trainable, top_blocks(model, cfg.model.train_layers))
+    if model.config.moe is not None:  # mixture of experts: router losses, frozen routers
+        from hone.models.moe import RouterLoss
+        moe = cfg.model.moe
+        model.router_loss = RouterLoss(moe.aux_loss_coef, moe.z_loss_coef)
+        if moe.freeze_router:  # a routed MLP's router is its `router` parameter
+            trainable = nnx.All(trainable, nnx.Not(nnx.PathContains("router")))
     model.remat = cfg.train.remat
     model.scan_layers = scan_setting(cfg.train.scan_layers, cfg.train.remat)
     model.attention = cfg.model.attention

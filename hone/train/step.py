@@ -17,6 +17,10 @@ Design choices:
 - With a guard state in the train state (hone.train.guards) the updates are scaled by its
   learning-rate scale, and a step with a non-finite loss or gradient norm (or one that trips
   a guard) keeps the old parameters and optimizer state, chosen inside the step.
+- Mixture-of-experts models add their router losses (load balancing, z-loss) to whatever the
+  recipe's loss returns, here in one place (`with_router_loss`), so every command trains them.
+  Each micro-batch adds its own share (1 / micro-batches per step), so the step's router loss
+  and its moe/ metrics are means over the micro-batches. Dense models: nothing changes.
 - Precision "bf16" casts parameters to bfloat16 for the forward pass only; the master weights,
   gradients and optimizer state stay float32, and logits/softmax are computed in float32.
 """
@@ -30,6 +34,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from hone.losses.moe import router_loss
+from hone.models.transformer import pop_router_sums
 from hone.train.guards import guard_update
 from hone.train.optimizer import ScaledLR
 from hone.train.state import unflatten
@@ -72,6 +78,17 @@ def pair_split(batch: dict, n: int) -> dict:
     return jax.tree.map(one, batch)
 
 
+def with_router_loss(model, loss: jax.Array, metrics: dict, share: float):
+    """loss and metrics plus `share` x the router losses and moe/ metrics of the forward
+    passes `model` just ran (hone/losses/moe.py); unchanged for a dense model, or when the
+    trainer set no Transformer.router_loss."""
+    for coefs, sums in pop_router_sums(model):
+        extra, moe_metrics = router_loss(sums, coefs.aux_coef, coefs.z_coef)
+        loss = loss + share * extra
+        metrics = dict(metrics, **{k: share * v for k, v in moe_metrics.items()})
+    return loss, metrics
+
+
 def merge(graphdef, template, params, frozen, precision: str, dropout_key=None):
     """The model for one forward pass, in the compute precision.
 
@@ -104,13 +121,19 @@ def update_fn(graphdef, template, loss_fn: LossFn, normalizer_fn: NormalizerFn,
     """The unjitted `step(state, frozen, batch, aux=None) -> (state, metrics)`: one optimizer
     update from one batch. RL recipes call it several times inside their own jitted step."""
 
+    mesh = None if layout is None else layout.mesh
+    # Each micro-batch's share of a per-batch mean (the router losses): one of `accum` on each
+    # of the shards the all-reduce mode sums over.
+    shards = layout.shards if mesh is not None and layout.mode == "allreduce" else 1
+    share = 1.0 / (accum * shards)
+
     def micro(params, frozen, mb, normalizer, key, aux):
         model = merge(graphdef, template, params, frozen, precision,
                       dropout_key=jax.random.fold_in(key, 1))
-        return loss_fn(model, mb, normalizer, key, aux)
+        loss, metrics = loss_fn(model, mb, normalizer, key, aux)
+        return with_router_loss(model, loss, metrics, share)
 
     grad_fn = jax.value_and_grad(micro, has_aux=True)
-    mesh = None if layout is None else layout.mesh
 
     def accumulate(params, frozen, batch, normalizer, key, aux, keep_split: bool):
         """(grads, loss, metric sums) summed over `accum` micro-batches of `batch`."""

@@ -45,3 +45,14 @@ def test_published_sizes():
                 "smollm2-135m": 0.135, "smollm2-1.7b": 1.71}
     for name, b in billions.items():
         assert abs(PRESETS[name].num_params() / 1e9 - b) / b < 0.01, name
+
+
+def test_moe_published_sizes():
+    # (total, active) billions as the model cards state them: MFU counts the active ones.
+    billions = {"qwen3-30b-a3b": (30.5, 3.3), "mixtral-8x7b": (46.7, 12.9),
+                "qwen1.5-moe-a2.7b": (14.3, 2.7)}
+    for name, (total, active) in billions.items():
+        cfg = PRESETS[name]
+        assert abs(cfg.num_params() / 1e9 - total) / total < 0.01, name
+        assert abs(cfg.num_params(active=True) / 1e9 - active) / active < 0.02, name
+        assert cfg.matmul_params() == cfg.num_params(active=True) - cfg.vocab_size * cfg.hidden_size

@@ -1,0 +1,136 @@
+"""The routed MLP of mixture-of-experts blocks (Qwen3-MoE, Mixtral, Qwen2-MoE).
+
+y = sum over the k experts a token's router picks of weight * expert(x), plus (Qwen2-MoE)
+sigmoid(shared_gate(x)) * shared_expert(x). Design choices:
+
+- Router: a [D, E] weight whose logits are computed in float32 whatever the weights' dtype
+  (routing decisions are discrete, and bf16 logits flip near ties); softmax, top-k, and the k
+  weights renormalised to sum to one when the family does (norm_topk_prob).
+- Experts are stored stacked, gate/up [E, D, F] and down [E, F, D] (the logical axis `expert`
+  leads), so one product runs all experts and a mesh can later split the expert axis.
+- Dropless grouped compute (`grouped_experts`): the N*k (token, expert) pairs are sorted by
+  expert and multiplied with `jax.lax.ragged_dot`, one group of rows per expert, then unsorted
+  and weighted. No capacity, no dropped token. On GPU/TPU that is a grouped matmul whose work
+  follows the active experts; XLA:CPU (jax 0.10.2) lowers ragged_dot to a masked product over
+  every expert, so on CPU it costs what the dense path does. With fewer pairs than experts
+  (decode: a few tokens per step) the pairs gather their experts' weights instead, reading
+  only the chosen experts.
+- `dense_experts` runs every expert on every token and weights by the same sparse top-k
+  weights: the reference the grouped path is tested against (`RoutedMLP.grouped = False`).
+- What the router did leaves the block as (logits, chosen) for the router losses
+  (hone/losses/moe.py); the transformer reduces them to per-layer sums (see
+  `Transformer.router_loss`).
+
+Letters: N tokens (B*T flattened), E experts, k experts per token, F expert width, D hidden.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from hone.models.config import ModelConfig
+from hone.models.layers import param
+from hone.models.linear import Linear
+from hone.models.mlp import GatedMLP, activate
+
+
+@dataclass(frozen=True)
+class RouterLoss:
+    """The router-loss coefficients a training run adds (model.moe in the config); static on
+    the Transformer, like remat."""
+
+    aux_coef: float = 0.001  # load-balancing loss (Switch/Mixtral form)
+    z_coef: float = 0.0  # router z-loss
+
+
+def route(logits: jax.Array, k: int, renormalize: bool) -> tuple[jax.Array, jax.Array]:
+    """Router logits [N, E] (float32) -> (weights [N, k] float32, chosen [N, k] int32): the
+    top-k softmax probabilities, divided by their sum when `renormalize`."""
+    probs = jax.nn.softmax(logits, axis=-1)  # [N, E]
+    weights, chosen = jax.lax.top_k(probs, k)  # [N, k], [N, k]
+    if renormalize:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    return weights, chosen.astype(jnp.int32)
+
+
+def grouped_experts(x: jax.Array, chosen: jax.Array, weights: jax.Array, gate: jax.Array,
+                    up: jax.Array, down: jax.Array, activation: str) -> jax.Array:
+    """sum_j weights[n, j] * expert_{chosen[n, j]}(x[n]) for every token, computing each
+    (token, expert) pair once. x [N, D], chosen/weights [N, k], gate/up [E, D, F],
+    down [E, F, D] -> [N, D] in x's dtype."""
+    n, k = chosen.shape
+    e = gate.shape[0]
+    flat = chosen.reshape(-1)  # [N*k] expert of each pair
+    if n * k < e:  # few pairs (decode): gather the chosen experts' weights, read only those
+        xs = jnp.repeat(x, k, axis=0)  # [N*k, D]
+        h = activate(jnp.einsum("PD,PDF->PF", xs, gate[flat]), activation) * jnp.einsum(
+            "PD,PDF->PF", xs, up[flat])  # [N*k, F]
+        ys = jnp.einsum("PF,PFD->PD", h, down[flat])  # [N*k, D]
+    else:
+        order = jnp.argsort(flat, stable=True)  # [N*k] pairs grouped by expert
+        sizes = jnp.bincount(flat, length=e).astype(jnp.int32)  # [E] pairs per expert
+        xs = jnp.take(x, order // k, axis=0)  # [N*k, D] each pair's token, sorted
+        h = activate(jax.lax.ragged_dot(xs, gate, sizes), activation) * jax.lax.ragged_dot(
+            xs, up, sizes)  # [N*k, F]
+        ys = jax.lax.ragged_dot(h, down, sizes)  # [N*k, D] sorted
+        ys = jnp.take(ys, jnp.argsort(order), axis=0)  # [N*k, D] back in (token, slot) order
+    ys = ys.reshape(n, k, -1).astype(jnp.float32)  # [N, k, D]
+    return jnp.sum(ys * weights[..., None], axis=1).astype(x.dtype)
+
+
+def dense_experts(x: jax.Array, chosen: jax.Array, weights: jax.Array, gate: jax.Array,
+                  up: jax.Array, down: jax.Array, activation: str) -> jax.Array:
+    """The same sum from every expert on every token (E times the work): the reference."""
+    e = gate.shape[0]
+    h = activate(jnp.einsum("ND,EDF->ENF", x, gate), activation) * jnp.einsum(
+        "ND,EDF->ENF", x, up)  # [E, N, F]
+    ys = jnp.einsum("ENF,EFD->END", h, down).astype(jnp.float32)  # [E, N, D]
+    dense = jnp.sum(jax.nn.one_hot(chosen, e, dtype=jnp.float32) * weights[..., None],
+                    axis=1)  # [N, E], zero off the top-k
+    return jnp.einsum("NE,END->ND", dense, ys).astype(x.dtype)
+
+
+class RoutedMLP(nnx.Module):
+    """x [B, T, D] -> y [B, T, D]: a router, E stacked gated-MLP experts, an optional shared
+    expert with a sigmoid gate."""
+
+    def __init__(self, cfg: ModelConfig, dtype, rngs: nnx.Rngs):
+        m = cfg.moe
+        d, e, f = cfg.hidden_size, m.num_experts, m.moe_intermediate_size
+        self.top_k = m.num_experts_per_tok
+        self.renormalize = m.norm_topk_prob
+        self.activation = cfg.activation
+        self.router = param(rngs, (d, e), ("embed", "expert"), dtype)  # [D, E]
+        self.gate = param(rngs, (e, d, f), ("expert", "embed", "mlp"), dtype)  # [E, D, F]
+        self.up = param(rngs, (e, d, f), ("expert", "embed", "mlp"), dtype)  # [E, D, F]
+        self.down = param(rngs, (e, f, d), ("expert", "mlp", "embed"), dtype)  # [E, F, D]
+        width = m.shared_expert_intermediate_size
+        self.shared = GatedMLP(cfg, dtype, rngs, width) if width else None
+        self.shared_gate = (Linear((d,), (1,), ("embed", "score"), dtype, rngs) if width
+                            else None)
+        # True: the grouped (dropless, sorted) compute; False: every expert on every token,
+        # the reference tests compare against. Static.
+        self.grouped = True
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.forward(x)[0]
+
+    def forward(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """(y [B, T, D], router logits [N, E] float32, chosen experts [N, k])."""
+        b, t, d = x.shape
+        x2 = x.reshape(b * t, d)  # [N, D]
+        logits = jnp.einsum("ND,DE->NE", x2.astype(jnp.float32),
+                            self.router[...].astype(jnp.float32))  # [N, E]
+        weights, chosen = route(logits, self.top_k, self.renormalize)  # [N, k] each
+        experts = grouped_experts if self.grouped else dense_experts
+        y = experts(x2, chosen, weights, self.gate[...], self.up[...], self.down[...],
+                    self.activation)  # [N, D]
+        if self.shared is not None:
+            gate = jax.nn.sigmoid(self.shared_gate(x2).astype(jnp.float32))  # [N, 1]
+            y = (y.astype(jnp.float32) + gate * self.shared(x2).astype(jnp.float32)).astype(
+                x.dtype)
+        return y.reshape(b, t, d), logits, chosen

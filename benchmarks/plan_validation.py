@@ -76,9 +76,7 @@ def _measure(step, *args) -> int:
 
 
 def measure_supervised(command: str, cfg) -> int:
-    """sft, kto and distill steps as their recipes compile them, on random rows."""
-    from flax import nnx
-
+    """sft and distill steps as their recipes compile them, on random rows."""
     from hone.train.build import build_model, compile_steps, make_layout
     layout = make_layout(cfg)
     length, rows = cfg.data.max_length, cfg.train.batch_size

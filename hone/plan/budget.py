@@ -9,8 +9,9 @@ Fit: a plan fits when its peak is at most HEADROOM of the device's memory: the r
 the runtime, compiled code, the batch and fragmentation, which no byte count here sees.
 
 Suggestions try one change at a time in the order of how much they change the run (remat
-before micro-batches, before sharding, before adapters, before dtypes), then pairs, then
-triples of them, and report the first that fit, each with its new peak.
+before micro-batches, before the LM head's chunk, before sharding, before adapters, before
+dtypes), each knob from its mildest setting up, then pairs, then triples of them, and report
+the first that fit, each with its new peak.
 """
 
 from __future__ import annotations
@@ -72,6 +73,10 @@ def knobs(p: PlanInput) -> list[list[tuple[str, dict]]]:
     accums = _divisors_up(max(per_device, 1), p.grad_accum)
     if accums:  # smaller micro-batches, same batch
         out.append([(f"train.grad_accum={a}", dict(grad_accum=a)) for a in accums])
+    chunk = p.head_chunk if 0 < p.head_chunk < p.head_len else p.head_len
+    chunks = [c for c in (512, 256, 128) if c < chunk]
+    if chunks:  # a smaller LM-head chunk: fewer [rows, chunk, V] logits alive at once
+        out.append([(f"train.head_chunk={c}", dict(head_chunk=c)) for c in chunks])
     if p.data > 1:  # more of the devices into fsdp: weights, gradients and Adam sharded further
         out.append([(f"mesh.fsdp={p.fsdp * p.data} mesh.data=1",
                      dict(fsdp=p.fsdp * p.data, data=1))])

@@ -117,7 +117,7 @@ def describe(p: PlanInput) -> str:
 
 
 def text_report(plan: Plan, memory: float, source: str, fixes) -> str:
-    out = [describe(plan.input), "", f"{'per device':<44}{'GiB':>9}"]
+    out = [describe(plan.input), "", f"{'per device':<56}{'GiB':>9}"]
     for title, lines in (("persistent", plan.persistent), ("update", plan.update),
                          ("update working sets (only the largest counts)", plan.working),
                          ("rollout", plan.rollout), ("host memory", plan.host)):
@@ -125,8 +125,8 @@ def text_report(plan: Plan, memory: float, source: str, fixes) -> str:
         if not lines:
             continue
         out.append(f"{title}:")
-        out += [f"  {k:<42}{gib(v)}" for k, v in lines.items()]
-    out.append(f"{'peak (persistent + larger phase)':<44}{gib(plan.peak)}")
+        out += [f"  {k:<54}{gib(v)}" for k, v in lines.items()]
+    out.append(f"{'peak (persistent + larger phase)':<56}{gib(plan.peak)}")
     limit = HEADROOM * memory
     verdict = "fits" if plan.fits(memory) else "does NOT fit"
     out.append(f"device memory {memory / 2 ** 30:.2f} GiB ({source}): {verdict} "

@@ -39,7 +39,8 @@ from hone.plan.weights import block_params, lora_params, targeted, trainable_par
 # it). GRPO/PPO also take the policy's entropy of each position (log-probabilities and
 # probabilities of the chunk, kept with the logits). Distillation: the student's logits and
 # gradient, the teacher's logits, and both distributions the divergence compares.
-HEAD_COPIES = {"grpo": 4, "ppo": 4, "distill": 5}
+# A reward model's head is a scalar per row: no vocabulary logits at all.
+HEAD_COPIES = {"grpo": 4, "ppo": 4, "distill": 5, "reward": 0}
 HEAD_COPIES_DEFAULT = 2
 # Copies of the [b, N, T, S] attention scores alive in one block's backward pass (scores,
 # probabilities, their gradient), float32.

@@ -103,21 +103,25 @@ def build_input(args) -> PlanInput:
     return from_config(command, cfg, arch=arch, devices=devices, teacher=teacher)
 
 
-def gib(x: float) -> str:
-    return f"{x / 2 ** 30:9.2f}"
+def _unit(peak: float) -> tuple[str, float]:
+    """GiB, or MiB for a plan under 1 GiB (the tiny configs)."""
+    return ("GiB", 2 ** 30) if peak >= 2 ** 30 else ("MiB", 2 ** 20)
 
 
 def describe(p: PlanInput) -> str:
     how = ("QLoRA " + p.quantize if p.quantize != "none" else "LoRA") + f" rank {p.lora_rank}" \
         if p.lora_rank else "full fine-tuning"
-    return (f"{p.command}: {p.arch.num_params() / 1e9:.2f} B parameters, {how}; "
+    n = p.arch.num_params()
+    size = f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
+    return (f"{p.command}: {size} parameters, {how}; "
             f"{p.rows} rows x {p.row_len} tokens per step, grad_accum {p.grad_accum}; "
             f"remat {p.remat}{' (scan)' if p.scan else ' (loop)'}, precision {p.precision}, "
             f"weights {p.param_dtype}; mesh data={p.data} fsdp={p.fsdp} tp={p.tp} seq={p.seq}")
 
 
 def text_report(plan: Plan, memory: float, source: str, fixes) -> str:
-    out = [describe(plan.input), "", f"{'per device':<56}{'GiB':>9}"]
+    unit, scale = _unit(plan.peak)
+    out = [describe(plan.input), "", f"{'per device':<56}{unit:>9}"]
     for title, lines in (("persistent", plan.persistent), ("update", plan.update),
                          ("update working sets (only the largest counts)", plan.working),
                          ("rollout", plan.rollout), ("host memory", plan.host)):
@@ -125,8 +129,8 @@ def text_report(plan: Plan, memory: float, source: str, fixes) -> str:
         if not lines:
             continue
         out.append(f"{title}:")
-        out += [f"  {k:<54}{gib(v)}" for k, v in lines.items()]
-    out.append(f"{'peak (persistent + larger phase)':<56}{gib(plan.peak)}")
+        out += [f"  {k:<54}{v / scale:9.2f}" for k, v in lines.items()]
+    out.append(f"{'peak (persistent + larger phase)':<56}{plan.peak / scale:9.2f}")
     limit = HEADROOM * memory
     verdict = "fits" if plan.fits(memory) else "does NOT fit"
     out.append(f"device memory {memory / 2 ** 30:.2f} GiB ({source}): {verdict} "

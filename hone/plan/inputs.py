@@ -119,7 +119,17 @@ def from_config(command: str, cfg, *, arch: ModelConfig | None = None, devices: 
     if command in ("dpo", "kto", "grpo", "ppo"):
         from hone.train.reference import reference_mode
         extra["reference"] = reference_mode(cfg)
-    if command == "dpo":
+    if command == "dpo" and cfg.dpo.online:  # pairs of its own samples: a rollout first
+        d = cfg.dpo
+        row_len = d.max_prompt_tokens + 2 * d.max_new_tokens
+        head_len = 2 * d.max_new_tokens
+        if not d.shared_prompt:
+            rows, row_len, head_len = 2 * t.batch_size, d.max_prompt_tokens + d.max_new_tokens, \
+                d.max_new_tokens
+        extra.update(rollout_rows=t.batch_size * d.group_size,
+                     rollout_len=d.max_prompt_tokens + d.max_new_tokens,
+                     cache_dtype=d.cache_dtype)
+    elif command == "dpo":
         if cfg.dpo.shared_prompt:  # one row [prompt | chosen | rejected] per pair
             row_len = head_len = 2 * length
         else:

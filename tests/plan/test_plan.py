@@ -84,6 +84,25 @@ def test_command_line_json(capsys):
     assert out["device_bytes"] == 1000
 
 
+def test_rows_read_from_configs():
+    """Each command's rows, as its recipe lays them out (hone/plan/inputs.py)."""
+    from hone.config import COMMANDS, load_config
+    from hone.plan import from_config
+
+    def rows(command, *overrides):
+        p = from_config(command, load_config(COMMANDS[command], None, list(overrides)))
+        return p.rows, p.row_len, p.head_len, p.reference, p.rollout_rows
+
+    # DPO: one [prompt | chosen | rejected] row per pair, a copy reference without LoRA
+    assert rows("dpo", "train.batch_size=4", "data.max_length=128") == (4, 256, 256, "copy", 0)
+    assert rows("dpo", "train.batch_size=4", "model.lora.rank=8")[3] == "adapters_off"
+    # GRPO: one tree row [prompt | 4 samples] per prompt; beta 0 keeps no reference
+    assert rows("grpo", "train.batch_size=8", "grpo.group_size=4", "grpo.max_prompt_tokens=32",
+                "grpo.max_new_tokens=16") == (2, 32 + 4 * 16, 64, None, 8)
+    # KTO: each example and its KL row
+    assert rows("kto", "train.batch_size=4", "data.max_length=64")[:2] == (8, 64)
+
+
 def _measured_sft(overrides: list[str]) -> tuple[float, float]:
     """(planned, measured) bytes of hone's compiled SFT step of a 2-block SmolLM2 shape."""
     from flax import nnx

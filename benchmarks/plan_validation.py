@@ -11,7 +11,7 @@ Each step is built with the recipes' own pieces (`prepare_for_training` / `build
 `compile_steps`, the DPO/GRPO losses and scoring, the distillation loss and teacher) on a
 SmolLM2-135M-shaped model cut to 4 blocks (the teacher: 8), registered as presets here so the
 configs name them like any other; GRPO's figure is its update program (the rollout's program
-holds less: its KV cache is 1.3 MB here). The driver forces 8 host devices for the two meshes;
+holds less: its KV cache is 1.3 MB here). The driver forces 8 host devices for the meshes;
 single-device rows use a one-device mesh.
 
     nice -n 5 .venv/bin/python benchmarks/plan_validation.py           # every row
@@ -62,8 +62,11 @@ CONFIGS: dict[str, tuple[str, list[str]]] = {
                             f"teacher.source={TEACHER}"]),
     "sft-fsdp8": ("sft", ["train.batch_size=8", f"data.max_length={T}", "mesh.fsdp=8",
                           "train.remat=full"]),
+    "sft-fsdp8-noremat": ("sft", ["train.batch_size=8", f"data.max_length={T}",
+                                  "mesh.fsdp=8"]),
     "sft-data2-fsdp4": ("sft", ["train.batch_size=8", f"data.max_length={T}", "mesh.data=2",
                                 "mesh.fsdp=4"]),
+    "sft-data8": ("sft", ["train.batch_size=8", f"data.max_length={T}", "mesh.data=8"]),
 }
 
 # Measured only when named: XLA:CPU lowers the routed MLP's ragged_dot to a masked product over
@@ -171,8 +174,7 @@ def measure(name: str) -> tuple[int, float]:
     from hone.plan import from_config, make_plan
     command, overrides = {**CONFIGS, **EXTRA}[name]
     cfg = load_config(COMMANDS[command], None, COMMON + overrides)
-    devices = len(jax.devices()) if ("mesh.fsdp=8" in overrides
-                                     or "mesh.fsdp=4" in overrides) else 1
+    devices = cfg.mesh.data * cfg.mesh.fsdp * cfg.mesh.tp * cfg.mesh.seq  # all fixed here
     planned = make_plan(from_config(command, cfg, devices=devices)).peak
     if command in ("sft", "distill"):
         got = measure_supervised(command, cfg)

@@ -86,9 +86,14 @@ def _keys(p: PlanInput, layer: int) -> int:
 
 
 def block_all(p: PlanInput, layer: int) -> float:
-    """Elements per token of every intermediate of one block (what remat none saves)."""
+    """Elements per token of every intermediate of one block (what remat none saves): 8 of
+    width D (the input, its norm, the attention output before and after o, the residual sum,
+    its norm, the MLP output, the block output), 3 of N·H (q before and after rotary, the
+    attention's heads), 4 of K·H (k and v before and after rotary), 4 of F (gate, up, the
+    activation, the product), and the scores and probabilities of each query, N·T for dense
+    attention (a sliding window only masks them) or N softmax statistics for blockwise."""
     w = _widths(p, layer)
-    scores = 2 * w["n"] * _keys(p, layer) if attention_impl(p) == "dense" else 2 * w["n"]
+    scores = 2 * w["n"] * p.row_len if attention_impl(p) == "dense" else 2 * w["n"]
     return 8 * w["d"] + 3 * w["q"] + 4 * w["kv"] + 4 * w["f"] + scores
 
 
@@ -136,7 +141,9 @@ def head_bytes(p: PlanInput) -> float:
     copies = HEAD_COPIES.get(p.command, HEAD_COPIES_DEFAULT)
     logits = copies * b * chunk / p.seq * arch.vocab_size / p.tp * 4
     tied = arch.tie_embeddings and not p.lora_rank and p.train_layers is None
-    table = arch.vocab_size * arch.hidden_size * param_bytes(p) / (p.fsdp * p.tp) if tied else 0
+    # The head's gradient of the table is computed from the gathered rows too: whole over
+    # fsdp (only tp splits it) until it is reduced into the sharded gradient.
+    table = arch.vocab_size * arch.hidden_size * param_bytes(p) / p.tp if tied else 0
     return logits + 2 * tokens(p) * arch.hidden_size * compute_bytes(p) + table
 
 
@@ -146,7 +153,7 @@ def attention_bytes(p: PlanInput) -> float:
     b, t = micro_rows(p), p.row_len / p.seq
     n = p.arch.num_heads / p.tp
     keys = max(_keys(p, i) for i in range(p.arch.num_layers))
-    width = keys if attention_impl(p) == "dense" else min(keys, DEFAULT_BLOCK)
+    width = p.row_len if attention_impl(p) == "dense" else min(keys, DEFAULT_BLOCK)
     return SCORE_COPIES * b * n * t * width * 4
 
 

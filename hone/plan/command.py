@@ -111,9 +111,12 @@ def _unit(peak: float) -> tuple[str, float]:
 def describe(p: PlanInput) -> str:
     how = ("QLoRA " + p.quantize if p.quantize != "none" else "LoRA") + f" rank {p.lora_rank}" \
         if p.lora_rank else "full fine-tuning"
-    n = p.arch.num_params()
-    size = f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
-    return (f"{p.command}: {size} parameters, {how}; "
+    def count(n: int) -> str:
+        return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
+
+    # Mixture of experts: every expert is resident; a token's activations see the active ones.
+    active = f" ({count(p.arch.num_params(active=True))} active)" if p.arch.moe else ""
+    return (f"{p.command}: {count(p.arch.num_params())} parameters{active}, {how}; "
             f"{p.rows} rows x {p.row_len} tokens per step, grad_accum {p.grad_accum}; "
             f"remat {p.remat}{' (scan)' if p.scan else ' (loop)'}, precision {p.precision}, "
             f"weights {p.param_dtype}; mesh data={p.data} fsdp={p.fsdp} tp={p.tp} seq={p.seq}")

@@ -43,8 +43,10 @@ def linear_shapes(arch: ModelConfig, layer: int) -> dict[str, tuple[int, int]]:
 
 def block_params(arch: ModelConfig, layer: int) -> int:
     """Parameters of one transformer block (ModelConfig.num_params' per-layer term)."""
-    one = arch.replace(num_layers=1, layer_types=(arch.layer_types[layer],),
-                       moe=arch.moe if arch.routed(layer) else None)
+    from dataclasses import replace
+    routed = replace(arch.moe, mlp_only_layers=(), decoder_sparse_step=1) \
+        if arch.routed(layer) else None
+    one = arch.replace(num_layers=1, layer_types=(arch.layer_types[layer],), moe=routed)
     return one.num_params() - one.replace(num_layers=0, layer_types=()).num_params()
 
 

@@ -36,6 +36,15 @@ def test_full_training_weights_are_num_params_times_bytes():
     assert sharded["parameters (trained)"] == sharded["reference copy"] == n * 4 / 8
 
 
+@pytest.mark.parametrize("name", ["llama3.1-8b", "gemma3-1b", "qwen3-30b-a3b"])
+def test_blocks_and_embeddings_add_up_to_the_model(name):
+    from hone.plan.weights import block_params
+    a = PRESETS[name]
+    embeddings = a.vocab_size * a.hidden_size * (1 if a.tie_embeddings else 2) + a.hidden_size
+    blocks = sum(block_params(a, i) for i in range(a.num_layers))
+    assert blocks + embeddings == a.num_params()
+
+
 def test_lora_and_nf4_counts_by_hand():
     p = PlanInput("sft", TINY, lora_rank=8)
     # per block, rank x (in + out): q 64+64, k 64+32, v 64+32, o 64+64, gate/up 64+128,

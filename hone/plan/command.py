@@ -86,7 +86,7 @@ def _architecture(source: str):
 
 def build_input(args) -> PlanInput:
     from hone.config import COMMANDS as CLASSES, load_config
-    command = _command_of(args.config, args.command)
+    command = _command_of(args.config, args.plan_command)
     overrides = list(args.overrides)
     if args.preset:
         overrides.insert(0, f"model.source={args.preset}")
@@ -163,7 +163,8 @@ def json_report(plan: Plan, memory: float, source: str, fixes) -> str:
 def add_plan_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--config", default=None, help="a training config (YAML)")
     parser.add_argument("--preset", default=None, help="a model preset (sets model.source)")
-    parser.add_argument("--command", default=None, choices=COMMANDS,
+    # dest: `command` is the subcommand's own name (the error messages print it)
+    parser.add_argument("--command", dest="plan_command", default=None, choices=COMMANDS,
                         help="the training command (default: from the config's sections, "
                         "else sft)")
     parser.add_argument("--seq", type=int, default=None, help="tokens per row: "

@@ -91,6 +91,9 @@ def test_command_line_json(capsys):
     assert out["rows"] == 4 and out["row_len"] == 64 and out["fits"] is False
     assert out["persistent"]["parameters (trained)"] == TINY.num_params() * 4
     assert out["device_bytes"] == 1000
+    # bad input is an InputError naming what is wrong: exit code 2
+    assert main(["plan", "--preset", "no-such-model"]) == 2
+    assert "hone plan: error" in capsys.readouterr().err
 
 
 def test_rows_read_from_configs():

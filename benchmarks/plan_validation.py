@@ -55,6 +55,8 @@ CONFIGS: dict[str, tuple[str, list[str]]] = {
                          "model.lora.rank=16"]),
     "sft-qlora": ("sft", [f"train.batch_size={B}", f"data.max_length={T}",
                           "model.lora.rank=16", "model.lora.quantize=nf4"]),
+    "sft-top2": ("sft", [f"train.batch_size={B}", f"data.max_length={T}",
+                         "model.train_layers=2"]),
     "dpo": ("dpo", ["train.batch_size=4", "data.max_length=256"]),
     "grpo": ("grpo", ["train.batch_size=8", "grpo.group_size=4", "grpo.max_prompt_tokens=64",
                       "grpo.max_new_tokens=128", "grpo.beta=0.04"]),

@@ -108,14 +108,21 @@ def policy(p: PlanInput) -> str:
     return p.remat if p.scan else "none"
 
 
+def backward_layers(p: PlanInput) -> range:
+    """The blocks the backward pass runs through: the top model.train_layers, else all (the
+    blocks below them only run forward, keeping nothing)."""
+    n = p.arch.num_layers
+    return range(n - (p.train_layers or n), n)
+
+
 def saved_activations(p: PlanInput) -> tuple[float, float]:
     """(device bytes, host bytes) of the activations the blocks keep for the backward pass."""
-    a, n = compute_bytes(p), p.arch.num_layers
+    a, layers = compute_bytes(p), backward_layers(p)
     t = tokens(p)
     if policy(p) == "none":
-        return sum(block_all(p, i) for i in range(n)) * t * a, 0.0
-    inputs = n * p.arch.hidden_size * t * a
-    dots = sum(block_dots(p, i) for i in range(n)) * t * a
+        return sum(block_all(p, i) for i in layers) * t * a, 0.0
+    inputs = len(layers) * p.arch.hidden_size * t * a
+    dots = sum(block_dots(p, i) for i in layers) * t * a
     return {"full": (inputs, 0.0), "save_dots": (dots, 0.0),
             "offload": (inputs, dots)}[policy(p)]
 
@@ -124,8 +131,7 @@ def recomputed_block(p: PlanInput) -> float:
     """One block's intermediates, recomputed in its backward pass under remat (0 without)."""
     if policy(p) == "none":
         return 0.0
-    n = p.arch.num_layers
-    return max(block_all(p, i) for i in range(n)) * tokens(p) * compute_bytes(p)
+    return max(block_all(p, i) for i in backward_layers(p)) * tokens(p) * compute_bytes(p)
 
 
 def head_bytes(p: PlanInput) -> float:

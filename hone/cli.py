@@ -124,6 +124,12 @@ def cmd_doctor(args) -> int:
     return run_doctor(args)
 
 
+def cmd_plan(args) -> int:
+    """Per-device memory of a run before running it: see hone/plan/command.py."""
+    from hone.plan.command import run_plan
+    return run_plan(args)
+
+
 def _add_train_command(sub, name: str, func, what: str) -> None:
     p = sub.add_parser(name, help=what, description=(
         f"{what}.\n\nRunning the same command again with the same run_dir resumes from the "
@@ -255,6 +261,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the tested set to compare with (default: the checkout's "
                      "requirements/lock.txt, where hone is installed from a checkout)")
     doc.set_defaults(func=cmd_doctor)
+
+    from hone.plan.command import DESCRIPTION as PLAN_DESCRIPTION, add_plan_arguments
+    plan = sub.add_parser("plan", help="per-device memory of a training run before running "
+                          "it: does it fit, and what would make it fit",
+                          description=PLAN_DESCRIPTION,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_plan_arguments(plan).set_defaults(func=cmd_plan)
     return parser
 
 

@@ -85,7 +85,7 @@ def commands() -> set[str]:
 
 def cli_flags() -> set[str]:
     text = "".join((ROOT / "hone" / f).read_text()
-                   for f in ("cli.py", "eval/commands.py", "bench/command.py"))
+                   for f in ("cli.py", "eval/commands.py", "bench/command.py", "plan/command.py"))
     return set(re.findall(r'add_argument\(\s*"(--[\w-]+)"', text))
 
 

@@ -1,4 +1,4 @@
-"""The device mesh from the `mesh:` config section: axes `data`, `fsdp`, `expert`, `seq` and `tp`.
+"""The device mesh from the `mesh:` config section: axes `data`, `fsdp`, `expert`, `seq`, `tp`.
 
 - `data`: batch rows are split over it, parameters are replicated (plain data parallel).
 - `fsdp`: batch rows are split over it too, and parameters and optimizer state are sharded over
@@ -6,8 +6,9 @@
 - `expert` (mixture-of-experts models): the stacked expert weights [E, ...] are split over it
   (each device keeps E/expert whole experts); for everything else it is one more data axis
   (batch rows split over it, other parameters replicated), as in DeepSpeed-MoE and MaxText, so
-  its devices never repeat each other's work. GSPMD partitions the routed MLP from the weights'
-  sharding (docs/guides/moe.md, Parallelism).
+  its devices never repeat each other's attention work. GSPMD partitions the routed MLP from
+  the weights' sharding (docs/guides/moe.md, Parallelism: on GPU and TPU XLA gathers the
+  experts around each grouped product, so there the axis saves memory at rest only).
 - `seq`: each row's tokens are split over it (sequence parallelism, for rows too long for one
   device): activations are [B, T/seq, ...] per device; attention passes keys and values around
   the axis (hone/parallel/sequence.py); parameters are replicated over it.

@@ -20,6 +20,7 @@ SLOW_FIRST = (
     "recipes/test_distill_recipe.py",
     "recipes/test_rl_recipes.py",
     "recipes/test_dpo_recipe.py",
+    "recipes/test_moe_recipes.py",
     "recipes/test_kto_recipe.py",
     "train/test_resume.py",
     "parallel/test_sequence.py",

@@ -204,13 +204,17 @@ class MeshSection:
     data: int = field(default=-1, metadata={"check": _axis_size})
     # Fully sharded data-parallel axis size (parameters sharded); -1 = the devices left over.
     fsdp: int = field(default=1, metadata={"check": _axis_size})
+    # Expert-parallel axis size (mixture-of-experts models): the experts are split over it, and
+    # rows too, like data (docs/guides/moe.md); must divide the number of experts; -1 = the
+    # devices left over.
+    expert: int = field(default=1, metadata={"check": _axis_size})
     # Tensor-parallel axis size; -1 = the devices left over.
     tp: int = field(default=1, metadata={"check": _axis_size})
     # Sequence-parallel axis size: each row's tokens are split over it (ring attention, see
     # docs/guides/long-context.md); row lengths must be multiples of it; -1 = the devices left over.
     seq: int = field(default=1, metadata={"check": _axis_size})
     # gspmd: XLA partitions the step from the shardings; allreduce: per-device gradients under
-    # shard_map, averaged by an explicit psum over `data` (needs fsdp = tp = 1).
+    # shard_map, averaged by an explicit psum over `data` (needs fsdp = expert = tp = 1).
     mode: str = field(default="gspmd", metadata={"choices": ("gspmd", "allreduce")})
 
 
@@ -286,7 +290,7 @@ class TrainConfig:
         if train.warmup_steps and train.warmup_steps >= train.max_steps:
             raise InputError(f"{train.warmup_steps} must be less than train.max_steps "
                              f"({train.max_steps})", key="train.warmup_steps")
-        rest = [f"mesh.{axis}" for axis in ("data", "fsdp", "seq", "tp")
+        rest = [f"mesh.{axis}" for axis in ("data", "fsdp", "expert", "seq", "tp")
                 if getattr(mesh, axis) == -1]
         if len(rest) > 1:
             raise InputError(f"only one mesh axis can be -1 (the devices left over), "

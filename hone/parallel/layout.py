@@ -5,10 +5,13 @@
 - Optimizer state: each leaf that mirrors a parameter (Adam's moments are dicts keyed like the
   parameters) is sharded like that parameter; scalars (the step count) are replicated. So the
   optimizer bytes per device fall with fsdp exactly as the parameter bytes do.
-- Batch rows: split over data x fsdp; with mesh.seq > 1 also each row's tokens over seq (every
-  [B, T, ...] array of a batch whose T is the length of its `tokens`). Each process hands over
-  only the part its own devices hold (`jax.make_array_from_process_local_data`), so multi-host
-  runs need no gathering.
+- Batch rows: split over data x fsdp x expert; with mesh.seq > 1 also each row's tokens over
+  seq (every [B, T, ...] array of a batch whose T is the length of its `tokens`). Each process
+  hands over only the part its own devices hold (`jax.make_array_from_process_local_data`), so
+  multi-host runs need no gathering.
+- Expert parallelism (mesh.expert > 1) is the stacked expert weights' sharding and nothing
+  more: GSPMD partitions the routed MLP from it (docs/guides/moe.md); `check_experts` refuses
+  a dense model or an expert count the axis does not divide.
 - Sequence parallelism needs attention across the seq axis: `place_model` gives the model the
   ring attention of hone/parallel/sequence.py (the model itself never names the axis).
 
@@ -41,11 +44,12 @@ class Layout:
     def __init__(self, mesh: Mesh | None, mode: str = "gspmd"):
         self.mesh = mesh
         self.mode = mode
-        if mode == "allreduce" and mesh is not None and (
-                mesh.shape["fsdp"] > 1 or mesh.shape["tp"] > 1):
+        split = {a: mesh.shape.get(a, 1) for a in ("fsdp", "expert", "tp")} if mesh else {}
+        if mode == "allreduce" and any(n > 1 for n in split.values()):
+            got = ", ".join(f"{a} {n}" for a, n in split.items())
             raise InputError(f"the explicit all-reduce mode replicates the parameters on every "
-                             f"device, so it needs mesh.fsdp = mesh.tp = 1, got fsdp "
-                             f"{mesh.shape['fsdp']} and tp {mesh.shape['tp']}", key="mesh.mode")
+                             f"device, so it needs mesh.fsdp = mesh.expert = mesh.tp = 1, got "
+                             f"{got}", key="mesh.mode")
         if mode == "allreduce" and mesh is not None and seq_shards(mesh) > 1:
             raise InputError(f"the explicit all-reduce mode splits rows only, so it needs "
                              f"mesh.seq = 1, got {seq_shards(mesh)}", key="mesh.mode")
@@ -76,7 +80,7 @@ class Layout:
         return None if self.mesh is None else NamedSharding(self.mesh, PartitionSpec())
 
     def rows(self, shape) -> NamedSharding | None:
-        """Rows split over data x fsdp when they divide evenly, else replicated."""
+        """Rows split over data x fsdp x expert when they divide evenly, else replicated."""
         if self.mesh is None:
             return None
         if len(shape) and shape[0] % self.shards == 0:
@@ -84,15 +88,16 @@ class Layout:
         return self.replicated
 
     def tokens(self, shape) -> NamedSharding | None:
-        """[B, T, ...] token arrays: rows over data x fsdp (when they divide), T over seq."""
+        """[B, T, ...] token arrays: rows over data x fsdp x expert (when they divide), T over
+        seq."""
         if self.mesh is None:
             return None
         rows = BATCH_AXES if shape[0] % self.shards == 0 else None
         return NamedSharding(self.mesh, PartitionSpec(rows, "seq"))
 
     def micro(self, x) -> NamedSharding:
-        """[n, rows, ...] micro-batches: rows split over data x fsdp when they divide. With
-        mesh.seq > 1 the dimensions after the rows are left to GSPMD (unconstrained), so token
+        """[n, rows, ...] micro-batches: rows split over data x fsdp x expert when they divide.
+        With mesh.seq > 1 the dimensions after the rows are left to GSPMD (unconstrained), so token
         arrays keep the seq split place_batch gave them."""
         rows = BATCH_AXES if x.ndim >= 2 and x.shape[1] % self.shards == 0 else None
         if self.seq > 1 and x.ndim >= 3:
@@ -110,10 +115,27 @@ class Layout:
         return named_sharding(names, shape, self.mesh, what=what, nbytes=nbytes)
 
     def check_rows(self, rows: int, key: str, what: str = "rows") -> None:
-        """Batch rows must split evenly over data x fsdp."""
+        """Batch rows must split evenly over data x fsdp x expert."""
         if rows % self.shards:
             raise InputError(f"{rows} {what} per (micro-)batch do not split evenly over the "
-                             f"{self.shards} data x fsdp shards of the mesh", key=key)
+                             f"{self.shards} data x fsdp x expert shards of the mesh", key=key)
+
+    def check_experts(self, model: nnx.Module) -> None:
+        """mesh.expert > 1 needs a mixture-of-experts model (a Transformer, or a module holding
+        one, whose ModelConfig has `moe`) whose number of experts it divides: whole experts
+        per device, never a silent replica."""
+        split = 1 if self.mesh is None else self.mesh.shape.get("expert", 1)
+        if split == 1:
+            return
+        moe = next((node.config.moe for _, node in nnx.iter_graph(model)
+                    if getattr(getattr(node, "config", None), "moe", None) is not None), None)
+        if moe is None:
+            raise InputError(f"splits the experts of a mixture-of-experts model over {split} "
+                             f"devices, but this model is dense (no routed MLP): set "
+                             f"mesh.expert = 1", key="mesh.expert")
+        if moe.num_experts % split:
+            raise InputError(f"{split} does not divide the model's {moe.num_experts} experts; "
+                             f"each device must keep whole experts", key="mesh.expert")
 
     # ---- placing arrays ----------------------------------------------------------------------
 
@@ -174,8 +196,8 @@ class Layout:
         return jax.device_put(tree, self.replicated)
 
     def place_batch(self, batch: dict) -> dict:
-        """Every leaf with rows split over data x fsdp (replicated when they do not divide);
-        with mesh.seq > 1, [B, T, ...] leaves (T: the length of batch["tokens"]) also split
+        """Every leaf with rows split over data x fsdp x expert (replicated when they do not
+        divide); with mesh.seq > 1, [B, T, ...] leaves (T: the length of batch["tokens"]) also split
         their tokens over seq."""
         if self.mesh is None:
             return batch

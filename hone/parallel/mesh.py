@@ -1,8 +1,14 @@
-"""The device mesh from the `mesh:` config section: axes `data`, `fsdp`, `seq` and `tp`.
+"""The device mesh from the `mesh:` config section: axes `data`, `fsdp`, `expert`, `seq`, `tp`.
 
 - `data`: batch rows are split over it, parameters are replicated (plain data parallel).
 - `fsdp`: batch rows are split over it too, and parameters and optimizer state are sharded over
   it (each device keeps 1/fsdp of them; XLA gathers a layer's weights when it needs them).
+- `expert` (mixture-of-experts models): the stacked expert weights [E, ...] are split over it
+  (each device keeps E/expert whole experts); for everything else it is one more data axis
+  (batch rows split over it, other parameters replicated), as in DeepSpeed-MoE and MaxText, so
+  its devices never repeat each other's attention work. GSPMD partitions the routed MLP from
+  the weights' sharding (docs/guides/moe.md, Parallelism: on GPU and TPU XLA gathers the
+  experts around each grouped product, so there the axis saves memory at rest only).
 - `seq`: each row's tokens are split over it (sequence parallelism, for rows too long for one
   device): activations are [B, T/seq, ...] per device; attention passes keys and values around
   the axis (hone/parallel/sequence.py); parameters are replicated over it.
@@ -27,13 +33,14 @@ from jax.sharding import AxisType, Mesh
 from hone.errors import InputError
 
 # Order = device order: tp innermost (the most traffic, every layer), then seq (keys and values
-# passed around a ring every layer), then fsdp and data.
-AXES = ("data", "fsdp", "seq", "tp")
-BATCH_AXES = ("data", "fsdp")  # the mesh axes batch rows are split over
+# passed around a ring every layer), expert (token activations exchanged every routed layer),
+# then fsdp and data.
+AXES = ("data", "fsdp", "expert", "seq", "tp")
+BATCH_AXES = ("data", "fsdp", "expert")  # the mesh axes batch rows are split over
 
 
-def axis_sizes(section, count: int) -> tuple[int, int, int, int]:
-    """(data, fsdp, seq, tp) for `count` devices: -1 resolved, product checked."""
+def axis_sizes(section, count: int) -> tuple[int, int, int, int, int]:
+    """(data, fsdp, expert, seq, tp) for `count` devices: -1 resolved, product checked."""
     sizes = [getattr(section, axis) for axis in AXES]
     fixed = math.prod(s for s in sizes if s != -1)
     if -1 in sizes:
@@ -50,7 +57,7 @@ def axis_sizes(section, count: int) -> tuple[int, int, int, int]:
 
 
 def build_mesh(section, devices: Sequence | None = None) -> Mesh:
-    """A 4-axis mesh over `devices` (default: every device of every process). Fixed sizes
+    """A 5-axis mesh (AXES) over `devices` (default: every device of every process). Fixed sizes
     whose product is smaller than the device count use the first devices only."""
     devices = list(jax.devices() if devices is None else devices)
     sizes = axis_sizes(section, len(devices))
@@ -62,8 +69,8 @@ def build_mesh(section, devices: Sequence | None = None) -> Mesh:
 
 
 def batch_shards(mesh: Mesh) -> int:
-    """How many ways batch rows are split: data x fsdp."""
-    return mesh.shape["data"] * mesh.shape["fsdp"]
+    """How many ways batch rows are split: data x fsdp x expert."""
+    return math.prod(mesh.shape.get(a, 1) for a in BATCH_AXES)
 
 
 def seq_shards(mesh) -> int:

@@ -25,11 +25,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 # logical name -> mesh axes, in order. Names not listed are replicated.
 RULES: dict[str, tuple[str, ...]] = {
-    "batch": ("data", "fsdp"),
+    "batch": ("data", "fsdp", "expert"),
     "vocab": ("tp",),
     "embed": ("fsdp",),
     "mlp": ("tp",),
     "heads": ("tp",),
+    # Mixture-of-experts: the stacked experts' leading [E, ...] dimension and the router's
+    # output (hone/models/moe.py); whole experts per device.
+    "expert": ("expert",),
     "kv_heads": ("tp",),
     # Activations' token dimension: split over the sequence-parallel axis (mesh.seq).
     "seq": ("seq",),

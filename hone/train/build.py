@@ -29,6 +29,8 @@ def build_model(cfg, *, layout=None, log=print):
     """The model to train, with adapters when model.lora.rank > 0; and its trainable filter.
     With a sharded `layout` the base weights are loaded straight onto their shardings."""
     model = load_model(cfg.model.source, dtype=cfg.model.dtype, layout=layout)
+    if layout is not None:
+        layout.check_experts(model)
     return model, prepare_for_training(model, cfg)
 
 
@@ -88,8 +90,8 @@ def make_layout(cfg, rows_per_example: int = 1, devices=None) -> Layout:
 
 
 def check_layout(cfg, layout: Layout, rows_per_example: int = 1) -> None:
-    """The batch must split over the mesh: rows over data x fsdp, and in the all-reduce mode
-    each device's rows into grad_accum micro-batches."""
+    """The batch must split over the mesh: rows over data x fsdp x expert, and in the all-reduce
+    mode each device's rows into grad_accum micro-batches."""
     t = cfg.train
     what = "rows" if rows_per_example == 1 else "pairs"
     layout.check_rows(t.batch_size, "train.batch_size", what)
@@ -106,6 +108,7 @@ def compile_steps(cfg, model: nnx.Module, trainable, loss_fn, normalizer_fn, *,
     The model is placed on the mesh of cfg.mesh (or `layout`) first, so the frozen rest, the
     parameters and the optimizer state are all sharded by their logical names."""
     layout = layout or make_layout(cfg)
+    layout.check_experts(model)
     layout.place_model(model)
     graphdef, params, frozen = split_model(model, trainable)
     optimizer, schedule = build_optimizer(cfg.train)

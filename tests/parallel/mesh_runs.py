@@ -3,9 +3,12 @@ under XLA_FLAGS=--xla_force_host_platform_device_count=8; prints one JSON line p
 
     python tests/parallel/mesh_runs.py ALGO RUN_ROOT MESH... [-- key=value ...]
 
-A MESH is `data,fsdp,tp[,seq][,mode]` (seq: tokens of each row split that many ways; e.g.
-`1,1,1,4`, `1,4,1,2`, `8,1,1,allreduce`); `elastic` instead of ALGO runs the elastic-restore
-scenario, `ring` the ring-attention check (hone/parallel/sequence.py against dense).
+ALGO is a command (its config configs/tiny/ALGO.yaml) or `moe_` and a command (the
+mixture-of-experts config configs/tiny/moe_ALGO.yaml). A MESH is
+`data,fsdp,tp[,seq][,eN][,mode]` (seq: tokens of each row split that many ways; eN: experts
+split N ways over mesh.expert; e.g. `1,1,1,4`, `1,4,1,2`, `2,1,1,e4`, `8,1,1,allreduce`);
+`elastic` instead of ALGO runs the elastic-restore scenario, `ring` the ring-attention check
+(hone/parallel/sequence.py against dense), `moe` the expert-parallel scenario (`moe_meshes`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import importlib
 import json
 import shutil
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,13 +30,16 @@ from hone.parallel import Layout  # noqa: E402
 def run(algo: str, run_dir: Path, mesh: str, overrides: list[str]) -> dict:
     d, f, t, *rest = mesh.split(",")
     seq = next((x for x in rest if x.isdigit()), "1")
-    mode = next((x for x in rest if not x.isdigit()), "gspmd")
-    cfg = load_config(COMMANDS[algo], ROOT / f"configs/tiny/{algo}.yaml", [
+    expert = next((x[1:] for x in rest if x[:1] == "e" and x[1:].isdigit()), "1")
+    mode = next((x for x in rest if not x.isdigit() and not x[1:].isdigit()), "gspmd")
+    command = algo.removeprefix("moe_")
+    cfg = load_config(COMMANDS[command], ROOT / f"configs/tiny/{algo}.yaml", [
         f"run_dir={run_dir}", "train.max_steps=10", "log.sinks=[jsonl]", "train.eval_every=0",
         "checkpoint.every_steps=0", "data.max_records=256", f"mesh.data={d}", f"mesh.fsdp={f}",
-        f"mesh.tp={t}", f"mesh.seq={seq}", f"mesh.mode={mode}"] + overrides)
-    recipe = importlib.import_module(f"hone.recipes.{algo}")
-    model, state = getattr(recipe, f"run_{algo}")(cfg, log=lambda *a: None)[:2]
+        f"mesh.tp={t}", f"mesh.seq={seq}", f"mesh.expert={expert}", f"mesh.mode={mode}"]
+        + overrides)
+    recipe = importlib.import_module(f"hone.recipes.{command}")
+    model, state = getattr(recipe, f"run_{command}")(cfg, log=lambda *a: None)[:2]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "loss" in r]
     # Which attention ran across the seq axis (None: no seq axis, attention within each row).
@@ -177,12 +184,74 @@ def ring_check() -> None:
                       "hook": type(model.sequence_attention).__name__}), flush=True)
 
 
+# The expert-parallel scenario: tiny-moe SFT on one device, expert 4 x data 2 and expert 2 x
+# fsdp 2 x tp 2; GRPO on one device and expert 4 x data 2. GRPO: kl k1 (test_mesh_parity's
+# GRPO test says why); one row per sample on every mesh (grpo.shared_prompt=false), since the
+# router losses count every real token of the rows scored, so a prompt shared by its group's
+# samples counts once where per-sample rows count it once per sample, and one device would
+# take the shared rows that 4 prompts cannot give 8 row shards (hone/rl/rollout.tree_layout).
+# 2 prompts x 4 samples of 8 tokens: one row per device, and half the decoding (the programs,
+# whose compiling is most of the time, are the same).
+MOE_SFT = ["1,1,1", "2,1,1,e4", "1,2,2,e2"]
+MOE_GRPO = ["1,1,1", "2,1,1,e4"]
+
+
+def moe_meshes(root: Path, overrides: list[str]) -> None:
+    """MOE_SFT and MOE_GRPO (one JSON line each, named moe_sft / moe_grpo), then what XLA made
+    of the routed MLP on expert 4 x data 2 (`expert_collectives`)."""
+    for algo, meshes, extra in (("moe_sft", MOE_SFT, []),
+                                ("moe_grpo", MOE_GRPO,
+                                 ["grpo.kl_kind=k1", "grpo.shared_prompt=false",
+                                  "grpo.max_new_tokens=8", "train.batch_size=8"])):
+        for mesh in meshes:
+            start = time.perf_counter()
+            out = run(algo, root / f"{algo}-{mesh.replace(',', '-')}", mesh, extra + overrides)
+            print(json.dumps(dict(out, name=algo, seconds=time.perf_counter() - start)),
+                  flush=True)
+    start = time.perf_counter()
+    out = expert_collectives()
+    print(json.dumps(dict(out, seconds=time.perf_counter() - start)), flush=True)
+
+
+def expert_collectives() -> dict:
+    """The compiled gradient of tiny-moe's forward on expert 4 x data 2: the shapes every
+    all-gather produces, and the stacked expert weights' per-device shape. Expert parallelism
+    by sharding works only if no all-gather rebuilds the experts' [E, ...] weights."""
+    import re
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from hone.config import MeshSection
+    from hone.models.config import PRESETS
+    from hone.models.transformer import Transformer
+    from hone.parallel.mesh import build_mesh
+
+    layout = Layout(build_mesh(MeshSection(data=2, expert=4)))
+    model = layout.place_model(Transformer(PRESETS["tiny-moe"]))
+    tokens = layout.place_batch({"tokens": np.random.default_rng(0).integers(
+        0, 256, (16, 32)).astype(np.int32)})["tokens"]
+    grad = nnx.jit(nnx.grad(lambda m, x: m(x).astype(jnp.float32).mean()))
+    hlo = grad.lower(model, tokens).compile().as_text()
+    gathered = sorted({m.group(1) for m in re.finditer(
+        r"= \w+\[([\d,]*)\][^ ]* all-gather(?:-start)?\(", hlo)})
+    gate = model.layers[0].mlp.gate[...]
+    return {"name": "collectives", "all_gather": gathered,
+            "expert_shard": list(gate.addressable_shards[0].data.shape),
+            "expert_full": list(gate.shape)}
+
+
 def main(argv: list[str]) -> None:
     overrides = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
     algo, root, meshes = argv[0], Path(argv[1]), argv[2:]
     if algo == "ring":
         ring_check()
+        return
+    if algo == "moe":
+        moe_meshes(root, overrides)
         return
     if algo == "elastic":
         elastic(root, overrides)

@@ -13,8 +13,9 @@ from hone.parallel.mesh import axis_sizes
 from hone.parallel.rules import partition_spec
 
 
-def mesh(data=1, fsdp=1, tp=1, seq=1):
-    return SimpleNamespace(shape={"data": data, "fsdp": fsdp, "seq": seq, "tp": tp})
+def mesh(data=1, fsdp=1, tp=1, seq=1, expert=1):
+    return SimpleNamespace(shape={"data": data, "fsdp": fsdp, "expert": expert, "seq": seq,
+                                  "tp": tp})
 
 
 def test_names_map_to_mesh_axes():
@@ -28,6 +29,12 @@ def test_names_map_to_mesh_axes():
     # activations' tokens over the sequence-parallel axis
     assert partition_spec(("batch", "seq", "embed"), (8, 96, 64), mesh(2, 1, 1, seq=4)) == P(
         "data", "seq")
+    # stacked experts [E, D, F]: whole experts over `expert`, their matrices as dense ones;
+    # rows over the expert axis too (one more data axis)
+    m = mesh(fsdp=2, tp=2, expert=2)
+    assert partition_spec(("expert", "embed", "mlp"), (8, 64, 32), m) == P("expert", "fsdp", "tp")
+    assert partition_spec(("embed", "expert"), (64, 8), m) == P("fsdp", "expert")  # router
+    assert partition_spec(("batch", "seq"), (8, 96), m) == P(("fsdp", "expert"))
 
 
 def test_axes_that_do_not_divide_or_repeat_or_have_size_one_are_left_out():
@@ -46,11 +53,12 @@ def test_axes_that_do_not_divide_or_repeat_or_have_size_one_are_left_out():
 
 
 def test_mesh_sizes_resolve_minus_one_and_reject_bad_shapes():
-    # (data, fsdp, seq, tp)
-    assert axis_sizes(MeshSection(), 8) == (8, 1, 1, 1)  # default: data parallel over all
-    assert axis_sizes(MeshSection(data=2, fsdp=-1, tp=2), 8) == (2, 2, 1, 2)
-    assert axis_sizes(MeshSection(data=1, fsdp=1, tp=1), 8) == (1, 1, 1, 1)  # first device only
-    assert axis_sizes(MeshSection(seq=4), 8) == (2, 1, 4, 1)  # data takes the rest
+    # (data, fsdp, expert, seq, tp)
+    assert axis_sizes(MeshSection(), 8) == (8, 1, 1, 1, 1)  # default: data parallel over all
+    assert axis_sizes(MeshSection(data=2, fsdp=-1, tp=2), 8) == (2, 2, 1, 1, 2)
+    assert axis_sizes(MeshSection(data=1, fsdp=1, tp=1), 8) == (1, 1, 1, 1, 1)  # first device
+    assert axis_sizes(MeshSection(seq=4), 8) == (2, 1, 1, 4, 1)  # data takes the rest
+    assert axis_sizes(MeshSection(expert=4), 8) == (2, 1, 4, 1, 1)
     with pytest.raises(InputError, match="mesh.fsdp"):
         axis_sizes(MeshSection(data=3, fsdp=-1), 8)
     with pytest.raises(InputError, match="mesh.data"):
@@ -64,6 +72,8 @@ def test_mesh_sizes_resolve_minus_one_and_reject_bad_shapes():
         SFTConfig(mesh=MeshSection(data=-1, fsdp=-1))
     with pytest.raises(InputError, match="mesh.seq"):
         SFTConfig(mesh=MeshSection(data=-1, seq=-1))
+    with pytest.raises(InputError, match="mesh.expert"):
+        SFTConfig(mesh=MeshSection(data=-1, expert=-1))
 
 
 def test_an_axis_that_does_not_divide_a_large_array_is_a_warning_once_per_kind_of_weight():
@@ -97,7 +107,32 @@ def test_batches_must_split_over_the_mesh_and_allreduce_needs_replicated_paramet
     with pytest.raises(InputError, match="train.grad_accum"):
         t = SFTConfig().train.__class__(batch_size=8, grad_accum=2)
         check_layout(SFTConfig(train=t), Layout(mesh(data=8), "allreduce"))
-    with pytest.raises(InputError, match="mesh.mode.*fsdp = mesh.tp = 1"):
+    with pytest.raises(InputError, match="mesh.mode.*fsdp = mesh.expert = mesh.tp = 1"):
         Layout(mesh(data=4, fsdp=2), "allreduce")
+    with pytest.raises(InputError, match="mesh.mode.*got fsdp 1, expert 2, tp 1"):
+        Layout(mesh(data=4, expert=2), "allreduce")
     with pytest.raises(InputError, match="mesh.mode.*mesh.seq = 1"):
         Layout(mesh(data=4, seq=2), "allreduce")
+
+
+def test_the_expert_axis_needs_a_mixture_of_experts_model_whose_experts_it_divides():
+    import dataclasses
+
+    from flax import nnx
+
+    from hone.models.config import PRESETS
+    from hone.parallel import Layout
+
+    class Holder(nnx.Module):  # what check_experts reads of a model: a node's ModelConfig
+        def __init__(self, name, **moe):
+            cfg = PRESETS[name]
+            self.config = dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, **moe)) \
+                if moe else cfg
+
+    layout = Layout(mesh(data=2, expert=4))
+    layout.check_experts(Holder("tiny-moe"))  # 8 experts, 2 per device
+    with pytest.raises(InputError, match="mesh.expert.*this model is dense"):
+        layout.check_experts(Holder("tiny"))
+    with pytest.raises(InputError, match="mesh.expert.*4 does not divide the model's 6 experts"):
+        layout.check_experts(Holder("tiny-moe", num_experts=6))
+    Layout(mesh(data=8)).check_experts(Holder("tiny"))  # no expert axis: any model

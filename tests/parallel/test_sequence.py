@@ -31,8 +31,10 @@ def test_ring_attention_matches_dense_and_the_layout_splits_tokens(tmp_path):
         assert error <= 2e-6, (case, error)  # float32 summation order, inputs of size ~1
     # keys and values did travel round the ring on both meshes (no fallback to whole rows)
     assert len(result["permutes"]) == 2 and all(n > 0 for n in result["permutes"].values())
-    assert result["specs"] == {"tokens": "P(('data', 'fsdp'), 'seq')",
-                               "loss_mask": "P(('data', 'fsdp'), 'seq')",  # [B, T, 3]
-                               "score_index": "P(('data', 'fsdp'),)"}  # [B, 2, T]: not tokens
+    # rows over the row axes (data, fsdp and expert, each of size 1 or more)
+    rows = "('data', 'fsdp', 'expert')"
+    assert result["specs"] == {"tokens": f"P({rows}, 'seq')",
+                               "loss_mask": f"P({rows}, 'seq')",  # [B, T, 3]
+                               "score_index": f"P({rows},)"}  # [B, 2, T]: not tokens
     assert "mesh.seq" in result["error"] and "multiple of mesh.seq" in result["error"]
     assert result["hook"] == "RingAttention"

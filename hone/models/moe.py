@@ -98,6 +98,9 @@ def dense_experts(x: jax.Array, chosen: jax.Array, weights: jax.Array, gate: jax
 
 
 PROJECTIONS = ("gate", "up", "down")  # the stacked expert projections, in order
+# Logical axis names of each stacked projection [E, I, O].
+AXES = {"gate": ("expert", "embed", "mlp"), "up": ("expert", "embed", "mlp"),
+        "down": ("expert", "mlp", "embed")}
 
 
 class ExpertParts(nnx.Module):
@@ -121,9 +124,9 @@ class RoutedMLP(nnx.Module):
         self.renormalize = m.norm_topk_prob
         self.activation = cfg.activation
         self.router = param(rngs, (d, e), ("embed", "expert"), dtype)  # [D, E]
-        self.gate = param(rngs, (e, d, f), ("expert", "embed", "mlp"), dtype)  # [E, D, F]
-        self.up = param(rngs, (e, d, f), ("expert", "embed", "mlp"), dtype)  # [E, D, F]
-        self.down = param(rngs, (e, f, d), ("expert", "mlp", "embed"), dtype)  # [E, F, D]
+        self.gate = param(rngs, (e, d, f), AXES["gate"], dtype)  # [E, D, F]
+        self.up = param(rngs, (e, d, f), AXES["up"], dtype)  # [E, D, F]
+        self.down = param(rngs, (e, f, d), AXES["down"], dtype)  # [E, F, D]
         width = m.shared_expert_intermediate_size
         self.shared = GatedMLP(cfg, dtype, rngs, width) if width else None
         self.shared_gate = (Linear((d,), (1,), ("embed", "score"), dtype, rngs) if width
@@ -165,7 +168,7 @@ class RoutedMLP(nnx.Module):
                                 self.activation, tuple(map(self.adapter, PROJECTIONS)),
                                 self.method)  # [N, D]
         else:  # the reference: adapters folded into the weights
-            y = dense_experts(x2, chosen, weights, *map(self._folded, PROJECTIONS),
+            y = dense_experts(x2, chosen, weights, *map(self.folded, PROJECTIONS),
                               self.activation)  # [N, D]
         if self.shared is not None:
             gate = jax.nn.sigmoid(self.shared_gate(x2).astype(jnp.float32))  # [N, 1]
@@ -173,7 +176,7 @@ class RoutedMLP(nnx.Module):
                 x.dtype)
         return y.reshape(b, t, d), logits, chosen
 
-    def _folded(self, name: str) -> jax.Array:
+    def folded(self, name: str) -> jax.Array:
         """W + A @ B * alpha / r (dequantized first), [E, I, O] in the base weights' dtype."""
         w = self.weight(name)
         dtype = w.dtype

@@ -5,7 +5,7 @@ Models (random init, float32), SmolLM2-135M's attention (hidden 576, 9 heads / 3
 vocabulary 49152, tied embeddings) with --layers blocks:
   dense        the SmolLM2-135M MLP, width 1536
   moe          8 experts of width 768, top-2 (the same active MLP parameters as dense), grouped
-               compute as hone runs it on this backend (on CPU: the tile loop, hone/models/grouped.py)
+               compute as hone runs it on this backend (on CPU: the tile loop of grouped.py)
   moe-ragged   the same MoE through jax.lax.ragged_dot (what XLA:CPU runs as a masked product
                over every expert)
   moe-dense    the same MoE with every expert computed on every token (dense_experts)

@@ -9,12 +9,14 @@ sigmoid(shared_gate(x)) * shared_expert(x). Design choices:
 - Experts are stored stacked, gate/up [E, D, F] and down [E, F, D] (the logical axis `expert`
   leads), so one product runs all experts and a mesh can later split the expert axis.
 - Dropless grouped compute (`grouped_experts`): the N*k (token, expert) pairs are sorted by
-  expert and multiplied with `jax.lax.ragged_dot`, one group of rows per expert, then unsorted
-  and weighted. No capacity, no dropped token. On GPU/TPU that is a grouped matmul whose work
-  follows the active experts; XLA:CPU (jax 0.10.2) lowers ragged_dot to a masked product over
-  every expert, so on CPU it costs what the dense path does. With fewer pairs than experts
-  (decode: a few tokens per step) the pairs gather their experts' weights instead, reading
-  only the chosen experts.
+  expert and every product of the expert MLP runs on those rows, one expert's matrix per group
+  (hone/models/grouped.py): `jax.lax.ragged_dot` on GPU/TPU; on CPU, whose XLA lowers
+  ragged_dot to a masked product over every expert, a loop over row tiles whose work follows
+  the chosen experts; the same loop wherever there are fewer pairs than experts (decode), so
+  a decode step reads only the chosen experts' weights. No capacity, no dropped token.
+- Attachments (hone/models/lora.py): LoRA adapters per expert (`lora`, stacked like the
+  weights) and QLoRA's quantized expert storage (`quant`), one slot per projection
+  (`ExpertParts`); both run inside the grouped products.
 - `dense_experts` runs every expert on every token and weights by the same sparse top-k
   weights: the reference the grouped path is tested against (`RoutedMLP.grouped = False`).
 - What the router did leaves the block as (logits, chosen) for the router losses

@@ -102,7 +102,9 @@ def scatter_rows(y: jax.Array, lay: Layout) -> jax.Array:
 
 # Both directions are gathers, forward and backward: a row holds one pair, a pair sits in one
 # row, and token n's pairs are n*k .. n*k+k-1. Left to autodiff, each backward pass is a
-# scatter-add, which XLA:CPU runs as a serial loop (a fifth of a routed MLP's step measured).
+# scatter-add, which XLA:CPU runs as a serial loop. (With the per-expert loops below: 5-8%
+# less CPU time for a routed MLP's forward and backward pass than one flat loop over tiles
+# with autodiff's scatters, measured on this file's benchmark shapes.)
 @jax.custom_vjp
 def _gather_rows(x, pair, dest):
     k = dest.shape[0] // x.shape[0]

@@ -124,7 +124,7 @@ def test_step_trains_only_adapters_and_merge_equals_adapted(stepped, tmp_path):
 
 def test_qlora_nf4_experts_dequantize_within_rounding(stepped):
     """NF4 expert storage: each weight within half the widest gap between NF4 levels of its
-    block's absmax, and the grouped compute (dequantizing one expert per tile) equals every
+    block's absmax, and the grouped compute (dequantizing one expert at a time) equals every
     expert computed densely from the dequantized weights, adapters folded in."""
     w = np.asarray(hone.load_model("tiny-moe").layers[0].mlp.up[...])  # [E, D, F]
     model = stepped[0]

@@ -46,7 +46,8 @@ class LoraSection:
     # Dropout on the adapter input; 1 would zero every update.
     dropout: float = field(default=0.0, metadata={"min": 0.0, "lt": 1.0})
     # Which linear layers get adapters: re.fullmatch against "/"-joined module paths such as
-    # "layers/3/attn/q". The default is every attention and MLP projection.
+    # "layers/3/attn/q". The default is every attention and MLP projection; a mixture-of-experts
+    # model's routed experts ("layers/3/mlp/experts/gate", up, down) only when named.
     targets: str = field(default=r".*/(attn/(q|k|v|o)|mlp/(gate|up|down))",
                          metadata={"check": _regex})
     # Storage of the frozen base weights: none, nf4 (QLoRA) or int8. Needs rank > 0.

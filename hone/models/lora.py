@@ -26,6 +26,13 @@ Design choices:
   same masks). With dropout 0 there is no stream at all.
 - Module paths are the "/"-joined nnx paths of each Linear: "layers/3/attn/q", "layers/0/mlp/down",
   "lm_head" (only for untied output embeddings). `targets` is a regex `re.fullmatch`ed to them.
+- Routed experts (hone/models/moe.py) are stacked [E, I, O] parameters, not Linears: their
+  paths are "layers/0/mlp/experts/gate" (also up, down), which the default targets do not
+  match (a mixture-of-experts model's default adapters are attention's, and a dense layer's
+  MLP's). Named, they get `ExpertLoRA`, one adapter per expert stacked (A [E, I, r],
+  B [E, r, O]), applied inside the grouped compute; under QLoRA the stacked weights are stored
+  NF4/int8, each expert's matrix quantized as a Linear's would be. A shared expert is a plain
+  gated MLP: "layers/0/mlp/shared/gate".
 """
 
 from __future__ import annotations
@@ -38,8 +45,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hone.errors import InputError
+from hone.models import grouped
 from hone.models.linear import Linear
 from hone.models.matmul import low_rank
+from hone.models.moe import AXES, PROJECTIONS, ExpertParts, RoutedMLP
 from hone.models.quant import KINDS as QUANT_KINDS
 from hone.models.quant import QuantizedWeight
 
@@ -77,6 +86,60 @@ class LoRA(nnx.Module):
         """The update as a float32 [I, O] matrix: A @ B * alpha / r."""
         a = self.lora_a[...].astype(jnp.float32)
         return jnp.dot(a, self.lora_b[...].astype(jnp.float32)) * self.scale
+
+
+class ExpertLoRA(nnx.Module):
+    """The low-rank updates of a stacked expert projection [E, I, O], one adapter per expert:
+    A [E, I, r], B [E, r, O]; a row of expert e gets dropout(x) @ A[e] @ B[e] * alpha / r,
+    through the same grouped products as the experts' weights (hone/models/grouped.py)."""
+
+    def __init__(self, experts: int, in_features: int, out_features: int,
+                 names: tuple[str, str, str], *, rank: int, alpha: float, dropout: float, dtype,
+                 key: jax.Array, dropout_rngs: nnx.RngStream | None):
+        bound = 1.0 / math.sqrt(in_features)  # as LoRA's, per expert
+        a = jax.random.uniform(key, (experts, in_features, rank), jnp.float32, -bound, bound)
+        self.lora_a = LoRAParam(a.astype(dtype), out_sharding=(names[0], names[1], "lora_rank"),
+                                eager_sharding=False)
+        self.lora_b = LoRAParam(jnp.zeros((experts, rank, out_features), dtype),
+                                out_sharding=(names[0], "lora_rank", names[2]),
+                                eager_sharding=False)
+        self.rank, self.alpha, self.dropout_rate = rank, alpha, dropout
+        self.scale = alpha / rank
+        if dropout > 0:
+            self.dropout = nnx.Dropout(dropout, deterministic=True)
+            self.dropout_rngs = dropout_rngs
+        else:
+            self.dropout = self.dropout_rngs = None
+
+    def __call__(self, rows: jax.Array, lay: grouped.Layout) -> jax.Array:
+        """rows [R, I] of the grouped layout -> their updates [R, O]."""
+        if self.dropout is not None:
+            rows = self.dropout(rows, rngs=self.dropout_rngs)
+        h = grouped.gmm(rows, self.lora_a[...].astype(rows.dtype), lay)  # [R, r]
+        return grouped.gmm(h * jnp.asarray(self.scale, h.dtype),
+                           self.lora_b[...].astype(rows.dtype), lay)  # [R, O]
+
+    def delta(self) -> jax.Array:
+        """The updates as float32 [E, I, O]: A[e] @ B[e] * alpha / r."""
+        a, b = (x[...].astype(jnp.float32) for x in (self.lora_a, self.lora_b))
+        return jnp.einsum("EIR,ERO->EIO", a, b) * self.scale
+
+
+def expert_projections(model: nnx.Module) -> dict[str, tuple[RoutedMLP, str]]:
+    """Every routed MLP's stacked expert projections by path, "layers/0/mlp/experts/gate"
+    (the default targets, "mlp/(gate|up|down)", do not name them), -> (the RoutedMLP, "gate")."""
+    out = {}
+    for path, m in nnx.iter_modules(model):
+        if isinstance(m, RoutedMLP):
+            for name in PROJECTIONS:
+                out["/".join(str(p) for p in path) + "/experts/" + name] = (m, name)
+    return out
+
+
+def expert_lora_modules(model: nnx.Module) -> dict[str, tuple[RoutedMLP, str]]:
+    """The expert projections that carry adapters, by path."""
+    return {p: (m, name) for p, (m, name) in expert_projections(model).items()
+            if m.adapter(name) is not None}
 
 
 def linears(model: nnx.Module) -> dict[str, Linear]:
@@ -119,12 +182,15 @@ def apply_lora(model: nnx.Module, *, rank: int, alpha: float, targets: str,
                          key="model.lora.targets") from None
     every = linears(model)
     chosen = {p: m for p, m in every.items() if pattern.fullmatch(p)}
-    if not chosen:
-        examples = ", ".join(list(every)[:4])
+    stacks = expert_projections(model)
+    chosen_stacks = {p: v for p, v in stacks.items() if pattern.fullmatch(p)}
+    if not chosen and not chosen_stacks:
+        examples = ", ".join(list(every)[:4] + list(stacks)[:1])
         raise InputError(f"{targets!r} matches no projection; module paths look like "
                          f"{examples} (the regex must match a whole path)",
                          key="model.lora.targets")
-    already = [p for p, m in chosen.items() if m.lora is not None]
+    already = ([p for p, m in chosen.items() if m.lora is not None]
+               + [p for p, (m, name) in chosen_stacks.items() if m.adapter(name) is not None])
     if already:
         raise InputError(f"{already[0]} already has LoRA adapters", key="model.lora.targets")
     dropout_rngs = rngs["dropout"].fork() if dropout > 0 else None
@@ -137,6 +203,18 @@ def apply_lora(model: nnx.Module, *, rank: int, alpha: float, targets: str,
         if quantize != "none" and lin.quant is None:
             lin.quant = QuantizedWeight(lin.weight(), quantize, names)
             lin.kernel = None
+    for mlp, name in chosen_stacks.values():
+        w = mlp.weight(name)  # [E, I, O] array, or already quantized storage
+        if mlp.lora is None:
+            mlp.lora = ExpertParts()
+        setattr(mlp.lora, name, ExpertLoRA(
+            *w.shape, AXES[name], rank=rank, alpha=alpha, dropout=dropout,
+            dtype=dtype or w.dtype, key=rngs.params(), dropout_rngs=dropout_rngs))
+        if quantize != "none" and isinstance(w, jax.Array):
+            if mlp.quant is None:
+                mlp.quant = ExpertParts()
+            setattr(mlp.quant, name, QuantizedWeight(w, quantize, AXES[name]))
+            setattr(mlp, name, None)
     return model
 
 
@@ -156,6 +234,12 @@ def merge_lora(model: nnx.Module) -> nnx.Module:
         kernel = w.astype(dtype).reshape(lin.in_shape + lin.out_shape)
         lin.kernel = nnx.Param(kernel, out_sharding=lin.names, eager_sharding=False)
         lin.quant = lin.lora = None
+    for _, m in nnx.iter_modules(merged):
+        if isinstance(m, RoutedMLP) and (m.lora is not None or m.quant is not None):
+            for name in PROJECTIONS:  # W + A @ B * alpha / r per expert, dequantized first
+                setattr(m, name, nnx.Param(m.folded(name), out_sharding=AXES[name],
+                                           eager_sharding=False))
+            m.lora = m.quant = None
     return merged
 
 

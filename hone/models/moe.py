@@ -9,12 +9,14 @@ sigmoid(shared_gate(x)) * shared_expert(x). Design choices:
 - Experts are stored stacked, gate/up [E, D, F] and down [E, F, D] (the logical axis `expert`
   leads), so one product runs all experts and a mesh can later split the expert axis.
 - Dropless grouped compute (`grouped_experts`): the N*k (token, expert) pairs are sorted by
-  expert and multiplied with `jax.lax.ragged_dot`, one group of rows per expert, then unsorted
-  and weighted. No capacity, no dropped token. On GPU/TPU that is a grouped matmul whose work
-  follows the active experts; XLA:CPU (jax 0.10.2) lowers ragged_dot to a masked product over
-  every expert, so on CPU it costs what the dense path does. With fewer pairs than experts
-  (decode: a few tokens per step) the pairs gather their experts' weights instead, reading
-  only the chosen experts.
+  expert and every product of the expert MLP runs on those rows, one expert's matrix per group
+  (hone/models/grouped.py): `jax.lax.ragged_dot` on GPU/TPU; on CPU, whose XLA lowers
+  ragged_dot to a masked product over every expert, a loop over row tiles whose work follows
+  the chosen experts; the same loop wherever there are fewer pairs than experts (decode), so
+  a decode step reads only the chosen experts' weights. No capacity, no dropped token.
+- Attachments (hone/models/lora.py): LoRA adapters per expert (`lora`, stacked like the
+  weights) and QLoRA's quantized expert storage (`quant`), one slot per projection
+  (`ExpertParts`); both run inside the grouped products.
 - `dense_experts` runs every expert on every token and weights by the same sparse top-k
   weights: the reference the grouped path is tested against (`RoutedMLP.grouped = False`).
 - What the router did leaves the block as (logits, chosen) for the router losses
@@ -32,6 +34,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from hone.models import grouped
 from hone.models.config import ModelConfig
 from hone.models.layers import param
 from hone.models.linear import Linear
@@ -57,27 +60,29 @@ def route(logits: jax.Array, k: int, renormalize: bool) -> tuple[jax.Array, jax.
     return weights, chosen.astype(jnp.int32)
 
 
-def grouped_experts(x: jax.Array, chosen: jax.Array, weights: jax.Array, gate: jax.Array,
-                    up: jax.Array, down: jax.Array, activation: str) -> jax.Array:
+def grouped_experts(x: jax.Array, chosen: jax.Array, weights: jax.Array, gate, up, down,
+                    activation: str, adapters=(None, None, None),
+                    method: str | None = None) -> jax.Array:
     """sum_j weights[n, j] * expert_{chosen[n, j]}(x[n]) for every token, computing each
     (token, expert) pair once. x [N, D], chosen/weights [N, k], gate/up [E, D, F],
-    down [E, F, D] -> [N, D] in x's dtype."""
+    down [E, F, D] (arrays, or frozen QuantizedWeight storage of those shapes) -> [N, D] in
+    x's dtype. adapters: LoRA of gate, up, down (lora.ExpertLoRA) or None each. method:
+    "ragged" or "tiles" (hone/models/grouped.py); default: tiles on CPU, and wherever there
+    are fewer pairs than experts (decode), else ragged."""
     n, k = chosen.shape
     e = gate.shape[0]
-    flat = chosen.reshape(-1)  # [N*k] expert of each pair
-    if n * k < e:  # few pairs (decode): gather the chosen experts' weights, read only those
-        xs = jnp.repeat(x, k, axis=0)  # [N*k, D]
-        h = activate(jnp.einsum("PD,PDF->PF", xs, gate[flat]), activation) * jnp.einsum(
-            "PD,PDF->PF", xs, up[flat])  # [N*k, F]
-        ys = jnp.einsum("PF,PFD->PD", h, down[flat])  # [N*k, D]
-    else:
-        order = jnp.argsort(flat, stable=True)  # [N*k] pairs grouped by expert
-        sizes = jnp.bincount(flat, length=e).astype(jnp.int32)  # [E] pairs per expert
-        xs = jnp.take(x, order // k, axis=0)  # [N*k, D] each pair's token, sorted
-        h = activate(jax.lax.ragged_dot(xs, gate, sizes), activation) * jax.lax.ragged_dot(
-            xs, up, sizes)  # [N*k, F]
-        ys = jax.lax.ragged_dot(h, down, sizes)  # [N*k, D] sorted
-        ys = jnp.take(ys, jnp.argsort(order), axis=0)  # [N*k, D] back in (token, slot) order
+    if method is None:
+        method = "tiles" if n * k < e else grouped.default_method()
+    lay = grouped.layout(chosen, e, method)
+    xs = grouped.gather_rows(x, lay)  # [R, D] each pair's token, sorted by expert
+
+    def project(rows, w, adapter):  # [R, I] -> [R, O]
+        y = grouped.gmm(rows, w, lay)
+        return y if adapter is None else y + adapter(rows, lay).astype(y.dtype)
+
+    h = activate(project(xs, gate, adapters[0]), activation) * project(
+        xs, up, adapters[1])  # [R, F]
+    ys = grouped.scatter_rows(project(h, down, adapters[2]), lay)  # [N*k, D] (token, slot)
     ys = ys.reshape(n, k, -1).astype(jnp.float32)  # [N, k, D]
     return jnp.sum(ys * weights[..., None], axis=1).astype(x.dtype)
 
@@ -94,6 +99,22 @@ def dense_experts(x: jax.Array, chosen: jax.Array, weights: jax.Array, gate: jax
     return jnp.einsum("NE,END->ND", dense, ys).astype(x.dtype)
 
 
+PROJECTIONS = ("gate", "up", "down")  # the stacked expert projections, in order
+# Logical axis names of each stacked projection [E, I, O].
+AXES = {"gate": ("expert", "embed", "mlp"), "up": ("expert", "embed", "mlp"),
+        "down": ("expert", "mlp", "embed")}
+
+
+class ExpertParts(nnx.Module):
+    """One attachment per stacked expert projection: LoRA adapters (lora.ExpertLoRA) or frozen
+    quantized storage (quant.QuantizedWeight), None where the projection has none."""
+
+    def __init__(self):
+        self.gate = nnx.data(None)
+        self.up = nnx.data(None)
+        self.down = nnx.data(None)
+
+
 class RoutedMLP(nnx.Module):
     """x [B, T, D] -> y [B, T, D]: a router, E stacked gated-MLP experts, an optional shared
     expert with a sigmoid gate."""
@@ -105,16 +126,34 @@ class RoutedMLP(nnx.Module):
         self.renormalize = m.norm_topk_prob
         self.activation = cfg.activation
         self.router = param(rngs, (d, e), ("embed", "expert"), dtype)  # [D, E]
-        self.gate = param(rngs, (e, d, f), ("expert", "embed", "mlp"), dtype)  # [E, D, F]
-        self.up = param(rngs, (e, d, f), ("expert", "embed", "mlp"), dtype)  # [E, D, F]
-        self.down = param(rngs, (e, f, d), ("expert", "mlp", "embed"), dtype)  # [E, F, D]
+        self.gate = param(rngs, (e, d, f), AXES["gate"], dtype)  # [E, D, F]
+        self.up = param(rngs, (e, d, f), AXES["up"], dtype)  # [E, D, F]
+        self.down = param(rngs, (e, f, d), AXES["down"], dtype)  # [E, F, D]
         width = m.shared_expert_intermediate_size
         self.shared = GatedMLP(cfg, dtype, rngs, width) if width else None
         self.shared_gate = (Linear((d,), (1,), ("embed", "score"), dtype, rngs) if width
                             else None)
+        # Attached by hone/models/lora.py (model.lora.targets naming "mlp/experts/..."): the
+        # experts' adapters, and under QLoRA their frozen quantized storage (the projection's
+        # Param is then None, as a quantized Linear's kernel is).
+        self.lora: ExpertParts | None = nnx.data(None)
+        self.quant: ExpertParts | None = nnx.data(None)
         # True: the grouped (dropless, sorted) compute; False: every expert on every token,
         # the reference tests compare against. Static.
         self.grouped = True
+        # The grouped compute's method: None (tiles on CPU, ragged_dot elsewhere; see
+        # grouped_experts), "ragged" or "tiles". Static; tests and benchmarks set it.
+        self.method: str | None = None
+
+    def weight(self, name: str):
+        """Projection `name`'s stacked base weights: the [E, I, O] array, or its
+        QuantizedWeight storage under QLoRA."""
+        stored = getattr(self.quant, name) if self.quant is not None else None
+        return stored if stored is not None else getattr(self, name)[...]
+
+    def adapter(self, name: str):
+        """Projection `name`'s LoRA adapters (lora.ExpertLoRA) or None."""
+        return getattr(self.lora, name) if self.lora is not None else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.forward(x)[0]
@@ -126,11 +165,23 @@ class RoutedMLP(nnx.Module):
         logits = jnp.einsum("ND,DE->NE", x2.astype(jnp.float32),
                             self.router[...].astype(jnp.float32))  # [N, E]
         weights, chosen = route(logits, self.top_k, self.renormalize)  # [N, k] each
-        experts = grouped_experts if self.grouped else dense_experts
-        y = experts(x2, chosen, weights, self.gate[...], self.up[...], self.down[...],
-                    self.activation)  # [N, D]
+        if self.grouped:
+            y = grouped_experts(x2, chosen, weights, *map(self.weight, PROJECTIONS),
+                                self.activation, tuple(map(self.adapter, PROJECTIONS)),
+                                self.method)  # [N, D]
+        else:  # the reference: adapters folded into the weights
+            y = dense_experts(x2, chosen, weights, *map(self.folded, PROJECTIONS),
+                              self.activation)  # [N, D]
         if self.shared is not None:
             gate = jax.nn.sigmoid(self.shared_gate(x2).astype(jnp.float32))  # [N, 1]
             y = (y.astype(jnp.float32) + gate * self.shared(x2).astype(jnp.float32)).astype(
                 x.dtype)
         return y.reshape(b, t, d), logits, chosen
+
+    def folded(self, name: str) -> jax.Array:
+        """W + A @ B * alpha / r (dequantized first), [E, I, O] in the base weights' dtype."""
+        w = self.weight(name)
+        dtype = w.dtype
+        w = w.dequantize(jnp.float32) if hasattr(w, "dequantize") else w.astype(jnp.float32)
+        adapter = self.adapter(name)
+        return (w if adapter is None else w + adapter.delta()).astype(dtype)

@@ -8,6 +8,7 @@ without a table of its own: the kernel "model.layers.0.self_attn.q_proj.weight" 
 [out, r]. hone's A [in_features, r] and B [r, out_features] act on the flattened 2-D kernel,
 whose axes flatten in the same (row-major) order as weights.to_hf's, so the HF matrices are
 plain transposes. The folder is written to a temporary sibling and renamed when complete.
+Routed experts' adapters (lora.ExpertLoRA) are refused: see save_peft's error.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from safetensors.numpy import save_file
 
 from hone.errors import InputError
 from hone.fileio import atomic_folder
-from hone.models.lora import lora_modules
+from hone.models.lora import expert_lora_modules, lora_modules
 from hone.models.transformer import Transformer
 from hone.models.weights import hf_name_table
 
@@ -55,6 +56,15 @@ def save_peft(model: Transformer, out_dir: str | Path, base_model_name_or_path: 
     to). Adapters keep their dtype. Needs one rank, alpha and dropout across all adapters.
     """
     out_dir = Path(out_dir)
+    experts = expert_lora_modules(model)
+    if experts:
+        raise InputError(
+            f"{next(iter(experts))} has expert adapters, which a PEFT folder cannot hold for "
+            f"transformers 5: it fuses each layer's experts into the parameters "
+            f"experts.gate_up_proj [E, 2F, D] and experts.down_proj, which PEFT 0.21 reaches "
+            f"only through target_parameters (one adapter over the fused gate and up, not "
+            f"hone's two); export merged with --format hf, or train adapters on attention and "
+            f"the shared expert only", key="--format")
     adapted = lora_modules(model)
     if not adapted:
         raise InputError("the model has no LoRA adapters to export (see apply_lora)",

@@ -77,28 +77,26 @@ class QuantizedWeight(nnx.Module):
     """A kernel stored as codes [I, O_pad / 2] uint8 (nf4) or [I, O_pad] int8 plus float32
     scales [I, O_pad / 64]; `dequantize()` gives back the [I, O] matrix in the original dtype."""
 
-    def __init__(self, kernel: jax.Array, kind: str, names: tuple[str, str]):
-        """kernel: the 2-D [I, O] weight; names: logical axis names of I and O."""
+    def __init__(self, kernel: jax.Array, kind: str, names: tuple[str, ...]):
+        """kernel: the 2-D [I, O] weight, or a stack of them [E, I, O] (a routed MLP's experts,
+        each expert's rows quantized as its own matrix's); names: logical axis names of its
+        axes."""
         if kind not in KINDS:
             raise ValueError(f"unknown quantization {kind!r}; expected one of {KINDS}")
         self.kind = kind
         self.shape = tuple(kernel.shape)
         self.dtype = jnp.dtype(kernel.dtype)
-        codes, scales = (_quantize_nf4 if kind == "nf4" else _quantize_int8)(kernel)
+        lead = self.shape[:-1]
+        codes, scales = (_quantize_nf4 if kind == "nf4" else _quantize_int8)(
+            kernel.reshape(-1, self.shape[-1]))
+        codes, scales = codes.reshape(lead + (-1,)), scales.reshape(lead + (-1,))
         self.codes = QuantizedKernel(codes, out_sharding=names, eager_sharding=False)
         self.scales = QuantizedKernel(scales, out_sharding=names, eager_sharding=False)
 
     def dequantize(self, dtype=None) -> jax.Array:
-        """The [I, O] weight in `dtype` (default: the dtype the kernel had)."""
-        i, o = self.shape
-        codes = self.codes[...]
-        if self.kind == "nf4":
-            codes = jnp.stack([codes >> 4, codes & 0xF], axis=-1).reshape(i, -1)  # [I, O_pad]
-            unit = jnp.asarray(NF4_LEVELS)[codes]
-        else:
-            unit = codes.astype(jnp.float32)
-        w = unit.reshape(i, -1, BLOCK) * self.scales[...][..., None]  # [I, O_pad / 64, 64]
-        return w.reshape(i, -1)[:, :o].astype(dtype or self.dtype)
+        """The weight ([I, O], or [E, I, O]) in `dtype` (default: the dtype the kernel had)."""
+        return dequantize_codes(self.codes[...], self.scales[...], self.kind, self.shape[-1],
+                                dtype or self.dtype)
 
     @property
     def nbytes(self) -> int:
@@ -109,3 +107,18 @@ class QuantizedWeight(nnx.Module):
     def size(self) -> int:
         """Number of weights stored."""
         return math.prod(self.shape)
+
+
+def dequantize_codes(codes: jax.Array, scales: jax.Array, kind: str, out_features: int,
+                     dtype) -> jax.Array:
+    """Codes [..., I, O_pad / 2] (nf4) or [..., I, O_pad] (int8) and scales [..., I, O_pad / 64]
+    -> the weights [..., I, O] in `dtype`. Leading axes (a stack of experts, or one expert
+    sliced out of it) carry through."""
+    lead = codes.shape[:-1]  # [..., I]
+    if kind == "nf4":
+        codes = jnp.stack([codes >> 4, codes & 0xF], axis=-1).reshape(lead + (-1,))  # [..., O_pad]
+        unit = jnp.asarray(NF4_LEVELS)[codes]
+    else:
+        unit = codes.astype(jnp.float32)
+    w = unit.reshape(lead + (-1, BLOCK)) * scales[..., None]  # [..., I, O_pad / 64, 64]
+    return w.reshape(lead + (-1,))[..., :out_features].astype(dtype)

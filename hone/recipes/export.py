@@ -57,12 +57,12 @@ def load_run_model(run_dir: str | Path):
 
 def export_run(run_dir: str | Path, out_dir: str | Path, fmt: str = "hf") -> Path:
     from hone.models.hf import save_hf
-    from hone.models.lora import lora_modules, merge_lora
+    from hone.models.lora import expert_lora_modules, lora_modules, merge_lora
     from hone.models.peft import save_peft
     from hone.models.reward import RewardModel, save_reward_model
 
     model, tokenizer, cfg = load_run_model(run_dir)
-    has_adapters = bool(lora_modules(model))
+    has_adapters = bool(lora_modules(model) or expert_lora_modules(model))
     if isinstance(model, RewardModel):
         if fmt != "hf":
             raise InputError("a reward model exports as a Hugging Face sequence-classification "

@@ -129,14 +129,17 @@ def test_reads_transformers_fused_expert_tensors(tmp_path):
         assert np.array_equal(np.asarray(a), np.asarray(b))
 
 
-@pytest.mark.parametrize("tokens", [16, 1])  # 32 (token, expert) pairs: ragged_dot; 2: gather
-def test_grouped_experts_equal_every_expert_computed_densely(tokens):
+# 32 (token, expert) pairs over 8 experts: ragged_dot, and the CPU tile loop (tiles of 8 rows,
+# so experts' padding rows are exercised); 2 pairs (decode): the tile loop whatever the backend.
+@pytest.mark.parametrize("tokens,method", [(16, "ragged"), (16, "tiles"), (1, None)])
+def test_grouped_experts_equal_every_expert_computed_densely(tokens, method):
     """The dropless grouped compute equals every expert on every token weighted by the sparse
     top-k weights: outputs and the gradients of every weight and of the input."""
     cfg = PRESETS["tiny-moe"]
     mlp = RoutedMLP(cfg.replace(moe=MoE(
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, norm_topk_prob=False,
         shared_expert_intermediate_size=8)), jnp.float32, nnx.Rngs(1))
+    mlp.method = method
     x = jax.random.normal(jax.random.key(0), (1, tokens, cfg.hidden_size))
     cot = jax.random.normal(jax.random.key(1), (1, tokens, cfg.hidden_size))
 

@@ -12,6 +12,9 @@
 - Expert parallelism (mesh.expert > 1) is the stacked expert weights' sharding and nothing
   more: GSPMD partitions the routed MLP from it (docs/guides/moe.md); `check_experts` refuses
   a dense model or an expert count the axis does not divide.
+  On CPU a routed MLP then computes through ragged_dot's lowering (a product per expert, masked),
+  which GSPMD splits along the experts; the CPU tile loop's per-expert weight slices would make
+  it gather every expert's weights on each device (`place_model`).
 - Sequence parallelism needs attention across the seq axis: `place_model` gives the model the
   ring attention of hone/parallel/sequence.py (the model itself never names the axis).
 
@@ -155,9 +158,15 @@ class Layout:
 
     def place_model(self, model: nnx.Module) -> nnx.Module:
         """Move a model's variables onto the mesh, in place; returns the model. With mesh.seq > 1
-        a Transformer also gets the ring attention over the seq axis."""
+        a Transformer also gets the ring attention over the seq axis; with mesh.expert > 1 the
+        routed MLPs left to choose their method compute through ragged_dot (module docstring)."""
         if self.mesh is not None:
             nnx.update(model, self.place_state(nnx.state(model)))
+        if self.mesh is not None and self.mesh.shape.get("expert", 1) > 1:
+            from hone.models.moe import RoutedMLP
+            for _, node in nnx.iter_graph(model):
+                if isinstance(node, RoutedMLP) and node.method is None:
+                    node.method = "ragged"
         if self.seq > 1:
             from hone.parallel.sequence import RingAttention
             for _, node in nnx.iter_graph(model):  # the Transformer itself or one inside

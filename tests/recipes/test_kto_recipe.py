@@ -4,8 +4,6 @@ grpo.loss_type = cispo."""
 
 import dataclasses
 import json
-import os
-import signal
 from pathlib import Path
 
 import jax
@@ -26,6 +24,7 @@ from hone.models.transformer import Transformer
 from hone.recipes.kto import make_kto_loss, make_kto_step, run_kto
 from hone.train.state import flatten, new_train_state, split_model
 from hone.train.loop import Interrupted
+from preempt import stop_on_batch
 
 ROOT = Path(__file__).resolve().parents[2]
 KTO = str(ROOT / "configs/tiny/kto.yaml")
@@ -73,34 +72,11 @@ def test_tiny_kto_separates_the_classes_on_its_training_examples(learned):
     assert any(l.startswith("reference log-probs: computed for 64") for l in lines)
 
 
-def stop_on_batch(monkeypatch, at: int):
-    """SIGTERM to this process when the loop draws training batch `at` (a preemption)."""
-    real = kto_recipe.run_loop
-
-    def run_loop(spec, cfg, run_dir):
-        data, calls = spec.data, [0]
-
-        class Stopping:
-            def next(self):
-                calls[0] += 1
-                if calls[0] == at:
-                    os.kill(os.getpid(), signal.SIGTERM)
-                return data.next()
-
-            def __getattr__(self, name):
-                return getattr(data, name)
-
-        spec.data = Stopping()
-        return real(spec, cfg, run_dir)
-
-    monkeypatch.setattr(kto_recipe, "run_loop", run_loop)
-
-
 def test_sigterm_mid_run_resumes_exactly(learned, tmp_path, monkeypatch):
     """Stopped by SIGTERM during step 3, then run again: the `learned` run's losses and weights,
     bit for bit (evaluation changes neither), the cached reference log-probs reused."""
     cfg = kto_config(tmp_path, *LEARN, "data.eval_path=null")
-    stop_on_batch(monkeypatch, at=3)
+    stop_on_batch(monkeypatch, kto_recipe, at=3)
     with pytest.raises(Interrupted):
         run_kto(cfg, **QUIET)
     assert (tmp_path / "checkpoints" / "3").exists()  # step 3 finishes, then saves and stops

@@ -6,8 +6,6 @@ run saves are the whole state. (configs/tiny/moe_sft.yaml learns in tests/parall
 mesh test.)"""
 
 import json
-import os
-import signal
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +16,7 @@ from hone.recipes import dpo as dpo_recipe
 from hone.recipes.dpo import run_dpo
 from hone.recipes.grpo import run_grpo
 from hone.train.loop import Interrupted
+from preempt import stop_on_batch
 
 ROOT = Path(__file__).resolve().parents[2]
 QUIET = dict(log=lambda s: None)
@@ -49,29 +48,6 @@ def test_tiny_moe_grpo_learns_the_length_reward(tmp_path):
     assert all(r["moe/dropped"] == 0 and r["moe/aux_loss"] > 0 for r in m)
 
 
-def stop_on_batch(monkeypatch, at: int):
-    """SIGTERM to this process when DPO's loop draws training batch `at` (a preemption)."""
-    real = dpo_recipe.run_loop
-
-    def run_loop(spec, cfg, run_dir):
-        data, calls = spec.data, [0]
-
-        class Stopping:
-            def next(self):
-                calls[0] += 1
-                if calls[0] == at:
-                    os.kill(os.getpid(), signal.SIGTERM)
-                return data.next()
-
-            def __getattr__(self, name):
-                return getattr(data, name)
-
-        spec.data = Stopping()
-        return real(spec, cfg, run_dir)
-
-    monkeypatch.setattr(dpo_recipe, "run_loop", run_loop)
-
-
 def test_tiny_moe_dpo_learns_and_resumes_exactly_after_sigterm(tmp_path, monkeypatch):
     """8 straight steps: the loss falls from log 2 (plus the router losses). The same run
     stopped by SIGTERM during step 4 (step 4 finishes, saves, stops) and run again: the same
@@ -86,7 +62,7 @@ def test_tiny_moe_dpo_learns_and_resumes_exactly_after_sigterm(tmp_path, monkeyp
     assert want[-1]["accuracy"] == 1.0
 
     cfg = config(DPOConfig, "moe_dpo", tmp_path / "stopped", *DPO)
-    stop_on_batch(monkeypatch, at=4)
+    stop_on_batch(monkeypatch, dpo_recipe, at=4)
     with pytest.raises(Interrupted):
         run_dpo(cfg, **QUIET)
     assert (tmp_path / "stopped" / "checkpoints" / "4").exists()

@@ -33,16 +33,13 @@ from hone.data.shared_prefix import work_tokens
 from hone.losses.kto import kto_reference_point, kto_terms
 from hone.losses.preference import pair_count, sequence_logprobs
 from hone.models.loading import load_tokenizer
-from hone.parallel import logical_names
 from hone.rl.step import chunked
-from hone.train.build import build_model, make_layout, open_run, summed_eval
+from hone.train.build import build_model, compile_steps, make_layout, open_run, summed_eval
 from hone.train.loop import LoopSpec, run_loop
-from hone.train.oom import AccumStep
-from hone.train.optimizer import build_optimizer
 from hone.train.reference import cached_halves, reference_mode, reference_model
 from hone.train.scoring import row_logprobs
-from hone.train.state import flatten, new_train_state, split_model, tree_bytes, unflatten
-from hone.train.step import make_eval_step, merge, pair_split, update_fn
+from hone.train.state import tree_bytes, unflatten
+from hone.train.step import merge, pair_split, update_fn
 
 _CLASS_SUMS = ("rewards_desirable", "rewards_undesirable", "logps_desirable",
                "logps_undesirable")
@@ -188,17 +185,11 @@ def run_kto(cfg: KTOConfig, *, log=print):
     run_dir = open_run(cfg)
 
     mode = reference_mode(cfg)
-    layout.place_model(model)
-    graphdef, params, frozen = split_model(model, trainable)
-    optimizer, schedule = build_optimizer(cfg.train)
-    state = layout.place_train_state(new_train_state(flatten(params), optimizer, cfg.train.seed),
-                                     logical_names(params))
     loss_fn = make_kto_loss(cfg, mode)
-    # Rebuilt with more accumulation when the step runs out of memory (hone.train.oom).
-    step = AccumStep(lambda accum: make_kto_step(cfg, graphdef, params, loss_fn, optimizer,
-                                                 schedule, mode, accum, layout),
-                     cfg.train.grad_accum, cfg.train.batch_size, layout.shards)
-    eval_step = make_eval_step(graphdef, params, loss_fn, precision=cfg.train.precision)
+    graphdef, params, frozen, state, step, eval_step = compile_steps(
+        cfg, model, trainable, loss_fn, pair_count, split=pair_split, layout=layout,
+        make_step=lambda graphdef, params, optimizer, schedule, accum: make_kto_step(
+            cfg, graphdef, params, loss_fn, optimizer, schedule, mode, accum, layout))
     # The starting weights, never updated: a real copy (the train state's buffers are donated).
     aux = jax.tree.map(jnp.copy, state["params"]) if mode == "copy" else None
     if mode == "precomputed":

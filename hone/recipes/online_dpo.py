@@ -39,19 +39,16 @@ from hone.data.shared_prefix import work_tokens
 from hone.errors import InputError
 from hone.losses.preference import dpo_loss, pair_count, sequence_logprobs
 from hone.models.loading import load_tokenizer
-from hone.parallel import logical_names
 from hone.rl.collect import Rollouts, make_rl_eval
 from hone.rl.judge_pairs import pair_samples, pick_pairs
 from hone.rl.prompts import load_prompts
 from hone.rl.reward_specs import make_rewards
 from hone.rl.rollout import pack_tree_rows, sample, step_seed, tree_width
-from hone.train.build import build_model, make_layout, open_run
+from hone.train.build import build_model, compile_steps, make_layout, open_run
 from hone.train.loop import LoopSpec, run_loop
-from hone.train.oom import AccumStep
-from hone.train.optimizer import build_optimizer
 from hone.train.reference import reference_mode, reference_model
 from hone.train.scoring import branch_logprobs
-from hone.train.state import flatten, new_train_state, split_model, tree_bytes
+from hone.train.state import tree_bytes
 from hone.train.step import update_fn
 
 _PAIR_SUMS = ("rewards_chosen", "rewards_rejected", "margin", "accuracy")
@@ -152,16 +149,11 @@ def run_online_dpo(cfg: DPOConfig, *, log=print):
     run_dir = open_run(cfg)
 
     mode = reference_mode(cfg)
-    layout.place_model(model)
-    graphdef, params, frozen = split_model(model, trainable)
-    optimizer, schedule = build_optimizer(cfg.train)
-    state = layout.place_train_state(new_train_state(flatten(params), optimizer, cfg.train.seed),
-                                     logical_names(params))
     loss_fn = make_online_loss(cfg, mode)
-    # Rebuilt with more accumulation when the step runs out of memory (hone.train.oom).
-    step = AccumStep(lambda accum: make_online_step(cfg, graphdef, params, loss_fn, optimizer,
-                                                    schedule, accum, layout),
-                     cfg.train.grad_accum, cfg.train.batch_size, layout.shards)
+    graphdef, params, frozen, state, step, _ = compile_steps(
+        cfg, model, trainable, loss_fn, pair_count, layout=layout,
+        make_step=lambda graphdef, params, optimizer, schedule, accum: make_online_step(
+            cfg, graphdef, params, loss_fn, optimizer, schedule, accum, layout))
     # The starting weights, never updated: a real copy (the train state's buffers are donated).
     aux = jax.tree.map(jnp.copy, state["params"]) if mode == "copy" else None
     log(f"reference: {mode} ({tree_bytes(aux) / 2**20:.1f} MiB of extra weights)")

@@ -102,11 +102,14 @@ def check_layout(cfg, layout: Layout, rows_per_example: int = 1) -> None:
 
 
 def compile_steps(cfg, model: nnx.Module, trainable, loss_fn, normalizer_fn, *,
-                  split=row_split, layout: Layout | None = None):
+                  split=row_split, layout: Layout | None = None, make_step=None):
     """(graphdef, params template, frozen rest, fresh train state, train step, eval step).
 
     The model is placed on the mesh of cfg.mesh (or `layout`) first, so the frozen rest, the
-    parameters and the optimizer state are all sharded by their logical names."""
+    parameters and the optimizer state are all sharded by their logical names. `make_step`
+    (graphdef, params, optimizer, schedule, accum) -> jitted step replaces the plain train
+    step for recipes whose step does more around the update (KTO's reference point, online
+    DPO's skipped batches)."""
     layout = layout or make_layout(cfg)
     layout.check_experts(model)
     layout.place_model(model)
@@ -114,11 +117,15 @@ def compile_steps(cfg, model: nnx.Module, trainable, loss_fn, normalizer_fn, *,
     optimizer, schedule = build_optimizer(cfg.train)
     state = new_train_state(flatten(params), optimizer, cfg.train.seed)
     state = layout.place_train_state(state, logical_names(params))
+    def build(accum: int):
+        if make_step is not None:
+            return make_step(graphdef, params, optimizer, schedule, accum)
+        return make_train_step(graphdef, params, loss_fn, normalizer_fn, optimizer, schedule,
+                               accum=accum, precision=cfg.train.precision, split=split,
+                               layout=layout)
+
     # Rebuilt with more accumulation when the step runs out of memory (hone.train.oom).
-    step = AccumStep(lambda accum: make_train_step(
-        graphdef, params, loss_fn, normalizer_fn, optimizer, schedule, accum=accum,
-        precision=cfg.train.precision, split=split, layout=layout),
-        cfg.train.grad_accum, cfg.train.batch_size, layout.shards)
+    step = AccumStep(build, cfg.train.grad_accum, cfg.train.batch_size, layout.shards)
     eval_step = make_eval_step(graphdef, params, loss_fn, precision=cfg.train.precision)
     return graphdef, params, frozen, state, step, eval_step
 

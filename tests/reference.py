@@ -63,6 +63,19 @@ def hf_model(name: str, tmp_path) -> tuple[torch.nn.Module, str]:
     return model, folder
 
 
+def hf_greedy(ref, prompts, new_tokens) -> list[list[int]]:
+    """transformers' greedy continuation of left-padded prompts: exactly `new_tokens` ids each
+    (no EOS stop), as hone's generate is compared against."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        out = ref.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
+                           min_new_tokens=new_tokens, do_sample=False, eos_token_id=None,
+                           pad_token_id=0)
+    return out[:, width:].tolist()
+
+
 def hf_logits(model, tokens, mask, positions) -> np.ndarray:
     with torch.no_grad():
         out = model(input_ids=torch.tensor(tokens, dtype=torch.long),

@@ -15,7 +15,8 @@ import pytest
 import torch
 import transformers
 from flax import nnx
-from reference import COMMON, TOL, batch, hf_logits, max_diff_on_real_tokens, randomize
+from reference import (COMMON, TOL, batch, hf_greedy, hf_logits, max_diff_on_real_tokens,
+                       randomize)
 
 import hone
 from hone.config import ModelSection, MoeSection, SFTConfig, TrainSection
@@ -69,17 +70,6 @@ def _logits(graphdef, state, tokens, mask):
 def logits_of(model, tokens, mask) -> np.ndarray:
     """The model's logits, jitted (op-by-op, the routed MLPs' many small ops take seconds)."""
     return np.asarray(_logits(*nnx.split(model), tokens, mask))
-
-
-def hf_greedy(ref, prompts, new_tokens):
-    width = max(map(len, prompts))
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    with torch.no_grad():
-        out = ref.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
-                           min_new_tokens=new_tokens, do_sample=False, eos_token_id=None,
-                           pad_token_id=0)
-    return out[:, width:].tolist()
 
 
 @pytest.mark.parametrize("name", list(MOE_CASES))

@@ -6,9 +6,8 @@ import functools
 import jax
 import numpy as np
 import pytest
-import torch
 from flax import nnx
-from reference import CASES, hf_model
+from reference import CASES, hf_greedy, hf_model
 
 import hone
 from hone.errors import InputError
@@ -47,17 +46,6 @@ def assert_teacher_forced(model, prompts, outs) -> None:
     """Every sampled log-probability equals the teacher-forced one (TOL)."""
     for tf, o in zip(teacher_forced(model, prompts, [o.tokens for o in outs]), outs):
         assert np.abs(tf - np.array(o.logprobs)).max() <= TOL
-
-
-def hf_greedy(ref, prompts, new_tokens) -> list[list[int]]:
-    width = max(map(len, prompts))
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    with torch.no_grad():
-        out = ref.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
-                           min_new_tokens=new_tokens, do_sample=False, eos_token_id=None,
-                           pad_token_id=0)
-    return out[:, width:].tolist()
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -168,10 +168,11 @@ def run_to_end(algo: str, run_dir: Path) -> float:
     return time.perf_counter() - start
 
 
-def trial(algo: str, index: int, work: Path, straight: dict, rng: random.Random) -> dict:
+def trial(algo: str, index: int, work: Path, straight: dict, rng: random.Random,
+          max_kills: int = 3) -> dict:
     run_dir = work / f"{algo}-trial{index}"
     kills = []
-    for k in range(rng.randint(1, 3)):
+    for k in range(rng.randint(1, max_kills)):
         mode = MODES[index % 3] if k == 0 else rng.choice(MODES[1:])
         kills.append(run_killed(algo, run_dir, mode, rng, straight,
                                 limit=4 * straight["seconds"] + 60))
@@ -193,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
                         "the algorithms in turn (default 24)")
     parser.add_argument("--algos", default="sft,dpo,grpo,agent")
     parser.add_argument("--seed", type=int, default=0, help="draws the kill moments")
+    parser.add_argument("--max-kills", type=int, default=3,
+                        help="kills per trial are drawn from 1 to this (default 3)")
     parser.add_argument("--work", default=None, help="scratch folder (default: a temp dir)")
     parser.add_argument("--doc", action="store_true",
                         help="rewrite docs/RELIABILITY.md with the figures")
@@ -213,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for i in range(args.trials):
         algo = algos[i % len(algos)]
-        results.append(trial(algo, i, work, straight[algo], rng))
+        results.append(trial(algo, i, work, straight[algo], rng, args.max_kills))
         print(json.dumps(results[-1]), flush=True)
     kills = [k for r in results for k in r["kills"]]
     summary = {

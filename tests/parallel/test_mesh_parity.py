@@ -24,14 +24,12 @@ ROOT = Path(__file__).resolve().parents[2]
 # data,fsdp,tp[,seq][,mode]: the two seq shapes split each row's tokens 4 ways, and 2 ways
 # with the rows over fsdp=4 (tests/parallel/mesh_runs.py).
 SEQ = ["1,1,1,4", "1,4,1,2"]
-# Tensor parallelism runs on (2,2,2) beside data and fsdp: an 8-way tp mesh of its own added a
-# compile (~10 s of the suite) and no path the (2,2,2) run does not take.
-MESHES = ["1,1,1", "8,1,1", "1,8,1", "2,2,2", "8,1,1,allreduce"] + SEQ
-# DPO and GRPO add pair-keeping splits and rollouts to what SFT covers on every shape: every
-# axis at once covers those, and DPO's pairs in the all-reduce mode (each mesh is one more
-# compile; GRPO's rows split like SFT's there). Both also run the seq shapes: their rows (DPO's
-# pairs, GRPO's prompt + completion rows) are split along the tokens there.
-FEW = ["1,1,1", "2,2,2", "8,1,1,allreduce"] + SEQ
+# Every axis at once, (2,2,2), the explicit all-reduce mode and the two seq shapes, for SFT, DPO
+# and GRPO (each mesh is one more compile, ~10 s of the suite): an 8-way data, fsdp or tp mesh of
+# its own adds no path these runs do not take. fsdp's 1/fsdp bytes per device are checked on
+# (1,4,1,2); DPO's pair-keeping splits run on every shape; GRPO's rows split like SFT's in the
+# all-reduce mode, so GRPO skips it.
+MESHES = ["1,1,1", "2,2,2", "8,1,1,allreduce"] + SEQ
 
 
 def mesh_runs(tmp_path, *args) -> list[dict]:
@@ -66,18 +64,19 @@ def test_sft_on_every_mesh_matches_one_device_and_fsdp_shards_the_state(tmp_path
     for run in runs[1:]:
         assert_same_trajectory(run, runs[0])
     assert_ring_on_seq_meshes(runs)
-    one, fsdp8 = runs[0]["device_bytes"], runs[2]["device_bytes"]
-    print(f"\nparams + optimizer bytes per device: 1 device {one}, fsdp=8 {fsdp8} "
-          f"(ratio {one / fsdp8:.2f})")
-    # Every array with an `embed` axis (all of them but a few scalars) splits 8 ways.
-    assert one / 8 <= fsdp8 <= one / 8 * 1.02
-    assert runs[1]["device_bytes"] == one  # data parallel keeps a whole copy per device
+    one, fsdp4 = runs[0]["device_bytes"], runs[MESHES.index("1,4,1,2")]["device_bytes"]
+    print(f"\nparams + optimizer bytes per device: 1 device {one}, fsdp=4 {fsdp4} "
+          f"(ratio {one / fsdp4:.2f})")
+    # Every array with an `embed` axis (all of them but a few scalars) splits 4 ways.
+    assert one / 4 <= fsdp4 <= one / 4 * 1.02
+    # Data parallelism (all-reduce mode) keeps a whole copy per device.
+    assert runs[MESHES.index("8,1,1,allreduce")]["device_bytes"] == one
 
 
 def test_dpo_on_every_mesh_matches_one_device(tmp_path):
     """Also covers pair_split: each device / micro-batch keeps chosen rows with their pairs."""
-    runs = mesh_runs(tmp_path, "dpo", *FEW)
-    assert [r["mesh"] for r in runs] == FEW
+    runs = mesh_runs(tmp_path, "dpo", *MESHES)
+    assert [r["mesh"] for r in runs] == MESHES
     for run in runs[1:]:
         assert_same_trajectory(run, runs[0])
     assert_ring_on_seq_meshes(runs)
@@ -88,8 +87,8 @@ def test_grpo_on_every_mesh_matches_one_device(tmp_path):
     reference), which Adam scales up to a full step, so the trajectories part at the roundoff
     of each mesh's reduction order, not through any error. The first step's loss is 0 up to
     roundoff (all advantages 0), hence the absolute floor."""
-    runs = mesh_runs(tmp_path, "grpo", *FEW[:2], *SEQ, "--", "grpo.kl_kind=k1")
-    assert [r["mesh"] for r in runs] == FEW[:2] + SEQ
+    runs = mesh_runs(tmp_path, "grpo", *MESHES[:2], *SEQ, "--", "grpo.kl_kind=k1")
+    assert [r["mesh"] for r in runs] == MESHES[:2] + SEQ
     for run in runs[1:]:
         assert_same_trajectory(run, runs[0], floor=1e-3)
     assert_ring_on_seq_meshes(runs)

@@ -1,5 +1,6 @@
-"""Exact resume: a tiny SFT run killed with SIGKILL after a checkpoint and started again ends
-with the same metrics.jsonl losses and bit-identical parameters as an uninterrupted run."""
+"""Exact resume: tiny DPO (LoRA adapters, precomputed reference) and reward-model runs killed
+with SIGKILL after a checkpoint, and a packed SFT run stopped by SIGTERM, started again end with
+the same metrics.jsonl losses and bit-identical parameters as an uninterrupted run."""
 
 import json
 import os
@@ -16,13 +17,13 @@ from hone.checkpoint import Checkpointer
 
 ROOT = Path(__file__).resolve().parents[2]
 # Long enough (a few seconds) that the kill lands mid-run, after the first checkpoint.
-BASE = ["train.max_steps=300", "checkpoint.every_steps=25", "log.sinks=[jsonl]",
+BASE = ["train.max_steps=150", "checkpoint.every_steps=25", "log.sinks=[jsonl]",
         "data.max_records=64", "data.eval_path=null", "train.batch_size=4",
         "checkpoint.keep=5"]
-# Each variant costs three processes (~40 s), so each one covers several paths: adapters and
-# DPO's cached reference together; DPO's in-step reference is covered by the recipe tests.
-VARIANTS = {  # plain SFT, DPO and GRPO: tests/train/test_fault_script.py
-    "packed": ["data.pack=true"],
+# Each variant costs three processes, so each one covers several paths: adapters and DPO's
+# cached reference together; DPO's in-step reference is covered by the recipe tests. Plain SFT
+# and agentic GRPO: tests/train/test_fault_script.py; packed SFT: the SIGTERM test below.
+VARIANTS = {
     "dpo-precomputed-lora": ["dpo", "dpo.reference=precomputed", "model.lora.rank=4"],
     "reward": ["reward"],
 }
@@ -74,11 +75,11 @@ def test_killed_run_resumes_exactly(variant, tmp_path):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     subprocess.run(command(straight, extra), cwd=ROOT, check=True, capture_output=True)
     kill_after_first_checkpoint(killed, extra)
-    assert not (killed / "checkpoints" / "300").exists()
+    assert not (killed / "checkpoints" / "150").exists()
     subprocess.run(command(killed, extra), cwd=ROOT, check=True, capture_output=True)
     assert losses(killed) == losses(straight)
     (s1, a), (s2, b) = final_state(straight), final_state(killed)
-    assert s1 == s2 == 300
+    assert s1 == s2 == 150
     for k in a["params"]:
         assert np.array_equal(np.asarray(a["params"][k]), np.asarray(b["params"][k])), k
     if variant == "dpo-precomputed-lora":
@@ -86,9 +87,10 @@ def test_killed_run_resumes_exactly(variant, tmp_path):
 
 
 def test_sigterm_saves_then_stops_and_resumes_exactly(tmp_path):
-    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    subprocess.run(command(straight, []), cwd=ROOT, check=True, capture_output=True)
-    proc = subprocess.Popen(command(stopped, []), cwd=ROOT, stdout=subprocess.DEVNULL,
+    """On packed rows, so the packing iterator's position is part of what resumes."""
+    straight, stopped, packed = tmp_path / "straight", tmp_path / "stopped", ["data.pack=true"]
+    subprocess.run(command(straight, packed), cwd=ROOT, check=True, capture_output=True)
+    proc = subprocess.Popen(command(stopped, packed), cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 240
@@ -105,6 +107,6 @@ def test_sigterm_saves_then_stops_and_resumes_exactly(tmp_path):
     assert proc.returncode == 1 and "checkpoint saved" in err
     saved = max(int(p.name) for p in (stopped / "checkpoints").iterdir() if p.name.isdigit())
     last_logged = json.loads((stopped / "metrics.jsonl").read_text().splitlines()[-1])["step"]
-    assert 30 <= saved == last_logged < 300  # saved at the step where the signal stopped it
-    subprocess.run(command(stopped, []), cwd=ROOT, check=True, capture_output=True)
+    assert 30 <= saved == last_logged < 150  # saved at the step where the signal stopped it
+    subprocess.run(command(stopped, packed), cwd=ROOT, check=True, capture_output=True)
     assert losses(stopped) == losses(straight)

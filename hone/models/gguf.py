@@ -8,8 +8,10 @@ directory, bounds checks) is parsed by `hone.models.gguf_format`; `shipped_gguf_
 `hone.models.shipped` and is re-exported here.
 
 Design choices:
-- Architectures "llama" (SmolLM2, Llama) and "gemma3". Anything else is refused by name rather than
-  loaded half-right: a wrong tensor layout gives a model that runs and talks nonsense.
+- Architectures "llama" (SmolLM2, Llama) and "gemma3", and the mixture-of-experts "qwen3moe",
+  "qwen2moe" and Mixtral ("llama" with `llama.expert_count`), whose config keys, tensor names and
+  stacked expert tensors `hone.models.gguf_moe` owns. Anything else is refused by name rather
+  than loaded half-right: a wrong tensor layout gives a model that runs and talks nonsense.
 - Vocabulary string arrays are not decoded here (the tokenizer reads them): `open_gguf` skips them.
 - Dequantization is `gguf.quants.dequantize`, the code transformers' own GGUF loader calls, so
   the weights agree with it bit for bit (checked in tests/models/test_shipped.py).
@@ -34,6 +36,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
 from hone.errors import InputError
+from hone.models import gguf_moe
 from hone.models.gguf_format import GGUFFile, TensorInfo, open_gguf
 from hone.models.shipped import SHIPPED_MODELS, shipped_gguf_path
 
@@ -135,6 +138,9 @@ def _hf_config(arch: str, meta: dict[str, Any], infos: dict[str, TensorInfo],
         raise InputError(f"{heads} attention heads are not a multiple of {kv_heads} KV heads",
                          path=str(path))
 
+    if gguf_moe.is_moe(arch, meta):
+        config.update(gguf_moe.moe_config(arch, meta, infos, path, config))
+        return config
     if arch == "llama":
         config.update(model_type="llama", architectures=["LlamaForCausalLM"], hidden_act="silu",
                       mlp_bias=False)
@@ -192,8 +198,9 @@ def _rope_scaling(meta: dict[str, Any], p: str, infos: dict[str, TensorInfo],
 # Tensors
 
 
-def _hf_names(arch: str, n_layers: int) -> dict[str, str]:
+def _hf_names(arch: str, config: dict[str, Any]) -> dict[str, str]:
     """GGUF tensor name -> HF parameter name, for every tensor the architecture has."""
+    n_layers = config["num_hidden_layers"]
     names = {"token_embd.weight": "model.embed_tokens.weight",
              "output_norm.weight": "model.norm.weight",
              "output.weight": "lm_head.weight"}
@@ -203,7 +210,7 @@ def _hf_names(arch: str, n_layers: int) -> dict[str, str]:
         "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
         "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
     }
-    if arch == "llama":
+    if arch != "gemma3":
         per_layer["ffn_norm"] = "post_attention_layernorm"
     else:
         # Gemma 3 norms around both sub-blocks. Note the name shift: llama.cpp's "ffn_norm" is
@@ -212,8 +219,14 @@ def _hf_names(arch: str, n_layers: int) -> dict[str, str]:
                          ffn_norm="pre_feedforward_layernorm",
                          post_ffw_norm="post_feedforward_layernorm",
                          attn_q_norm="self_attn.q_norm", attn_k_norm="self_attn.k_norm")
+    routed: set[int] = set()
+    if config.get("num_experts") or config.get("num_local_experts"):
+        routed = set(range(n_layers)) - set(config.get("mlp_only_layers", ()))
+        names.update(gguf_moe.moe_names(config))
     for i in range(n_layers):
         for g, h in per_layer.items():
+            if i in routed and g in ("ffn_gate", "ffn_up", "ffn_down"):
+                continue  # a routed layer's MLP: gguf_moe's names
             names[f"blk.{i}.{g}.weight"] = f"model.layers.{i}.{h}.weight"
     return names
 
@@ -235,6 +248,8 @@ def _hf_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     for i in range(config["num_hidden_layers"]):
         for name, shape in per_layer.items():
             shapes[f"model.layers.{i}.{name}.weight"] = shape
+    if config.get("num_experts") or config.get("num_local_experts"):
+        shapes.update(gguf_moe.moe_shapes(config))
     return shapes
 
 
@@ -263,9 +278,11 @@ def _can_dequantize(qtype: GGMLQuantizationType) -> bool:
 
 def read_gguf(path: str | os.PathLike, dtype: Any = np.float32
               ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Read a llama or gemma3 GGUF file as `(hf_config, {hf_name: array of dtype})`.
+    """Read a llama, gemma3, qwen3moe or qwen2moe GGUF file (Mixtral's too) as
+    `(hf_config, {hf_name: array of dtype})`.
 
-    Quantized tensors are dequantized; shapes follow HF ([out, in] for projections).
+    Quantized tensors are dequantized; shapes follow HF ([out, in] for projections, one tensor
+    per expert).
     """
     path = Path(path)
     dtype = np.dtype(dtype)
@@ -282,12 +299,13 @@ def _convert(file: GGUFFile, dtype: np.dtype) -> tuple[dict[str, Any], dict[str,
         raise InputError("big-endian GGUF files are not supported; convert the model again on "
                          "a little-endian machine", path=str(path))
     arch = meta.get("general.architecture")
-    if not isinstance(arch, str) or arch not in ("llama", "gemma3"):  # (an array compares per item)
+    known = ("llama", "gemma3", *gguf_moe.MOE_ARCHS)
+    if not isinstance(arch, str) or arch not in known:  # (an array compares per item)
         raise InputError(f"architecture {arch!r} is not supported; this reader knows 'llama' "
-                         f"(Llama, SmolLM2) and 'gemma3'", path=str(path),
-                         key="general.architecture")
+                         f"(Llama, SmolLM2, Mixtral), 'gemma3', 'qwen3moe' and 'qwen2moe'",
+                         path=str(path), key="general.architecture")
     config = _hf_config(arch, meta, infos, path)
-    names = _hf_names(arch, config["num_hidden_layers"])
+    names = _hf_names(arch, config)
     shapes = _hf_shapes(config)
 
     unknown = sorted(set(infos) - set(names))
@@ -304,7 +322,7 @@ def _convert(file: GGUFFile, dtype: np.dtype) -> tuple[dict[str, Any], dict[str,
     for gname, info in infos.items():
         hname = names[gname]
         want = shapes[hname]
-        if info.shape != want:
+        if not gguf_moe.stored_shape(hname, info.shape, want):
             raise InputError(f"tensor has shape {list(info.shape)} (HF {hname}), but the "
                              f"metadata implies {list(want)}", path=str(path), key=gname)
         if not _can_dequantize(info.qtype):
@@ -329,5 +347,5 @@ def _convert(file: GGUFFile, dtype: np.dtype) -> tuple[dict[str, Any], dict[str,
         if np.may_share_memory(out, raw):
             out = out.copy()  # F32 tensors come back as views of the mmap, which closes soon
         del raw, values
-        tensors[hname] = out
+        tensors.update(gguf_moe.split_experts(hname, out))
     return config, tensors

@@ -93,12 +93,13 @@ def test_family_matches_transformers(name, tmp_path):
         assert np.array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_greedy_generation_matches_transformers(tmp_path):
-    """The KV-cache sampler on 8 prompts equals transformers' greedy generate. One family:
-    the sampler runs every family's blocks the same way (Block.__call__); Qwen2-MoE has the
-    most parts (dense and routed layers, raw top-k weights, a shared expert, which the CPU
-    decode kernel packs like any gated MLP)."""
-    ref, folder = moe_reference("qwen2_moe", tmp_path)
+@pytest.mark.parametrize("name", list(MOE_CASES))
+def test_greedy_generation_matches_transformers(name, tmp_path):
+    """The KV-cache sampler on 8 prompts equals transformers' greedy generate, for each
+    family: renormalised and raw top-k weights, dense layers among routed ones, tied and
+    untied heads, and Qwen2-MoE's shared expert (which the CPU decode kernel packs like any
+    gated MLP) each reach decode through a different path."""
+    ref, folder = moe_reference(name, tmp_path)
     model = hone.load_model(folder)
     rng = np.random.default_rng(3)
     prompts = [rng.integers(1, COMMON["vocab_size"], rng.integers(1, 9)).tolist()

@@ -4,10 +4,10 @@ check that each ends bit-identical to a run that was never interrupted.
     python scripts/fault_test.py --trials 24 [--algos sft,dpo,grpo,agent] [--seed 0] [--doc]
 
 `agent` is GRPO over multi-turn episodes (configs/tiny/agent_grpo.yaml: the guess-the-number
-environment, seeded from the run seed, the step and the episode). `moe` and `moe_grpo` are SFT
-and GRPO of the mixture-of-experts `tiny-moe` (configs/tiny/moe_sft.yaml, moe_grpo.yaml): the
-router losses and routed experts must resume as exactly as a dense model (not in the default
---algos; run them with --algos moe,moe_grpo).
+environment, seeded from the run seed, the step and the episode). `moe`, `moe_dpo` and
+`moe_grpo` are SFT, DPO and GRPO of the mixture-of-experts `tiny-moe` (configs/tiny/moe_sft.yaml,
+moe_dpo.yaml, moe_grpo.yaml): the router losses and routed experts must resume as exactly as a
+dense model (not in the default --algos; run them with --algos moe,moe_dpo,moe_grpo).
 
 Each algorithm first runs once straight through (timed). A trial then starts the same run in a
 fresh folder and kills it one to three times before letting it finish. A kill lands inside a
@@ -56,12 +56,14 @@ RUNS = {
               "grpo.eval_prompts=4", "train.eval_every=4"],
     "moe": ["train.max_steps=30", "checkpoint.every_steps=5", "train.batch_size=4",
             "train.eval_every=15", "train.eval_batches=1"],
+    "moe_dpo": ["train.max_steps=30", "checkpoint.every_steps=5", "train.batch_size=4",
+                "train.eval_every=10"],
     "moe_grpo": ["train.max_steps=12", "checkpoint.every_steps=3", "train.batch_size=8",
                  "grpo.eval_prompts=4", "train.eval_every=6"],
 }
 # algo -> (command, tiny config)
 COMMANDS = {"agent": ("grpo", "agent_grpo"), "moe": ("sft", "moe_sft"),
-            "moe_grpo": ("grpo", "moe_grpo")}
+            "moe_dpo": ("dpo", "moe_dpo"), "moe_grpo": ("grpo", "moe_grpo")}
 _TMP = ".orbax-checkpoint-tmp"
 # The first kill of trial i is MODES[i % 3]; later ones draw from the last two.
 MODES = ("save", "step", "time")

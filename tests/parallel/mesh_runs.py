@@ -194,12 +194,14 @@ def ring_check() -> None:
 # whose compiling is most of the time, are the same).
 MOE_SFT = ["1,1,1", "2,1,1,e4", "1,2,2,e2"]
 MOE_GRPO = ["1,1,1", "2,1,1,e4"]
+MOE_DPO = MOE_GRPO  # 4 steps: DPO's pair split on the expert axis, beside SFT's 10-step parity
 
 
 def moe_meshes(root: Path, overrides: list[str]) -> None:
-    """MOE_SFT and MOE_GRPO (one JSON line each, named moe_sft / moe_grpo), then what XLA made
-    of the routed MLP on expert 4 x data 2 (`expert_collectives`)."""
+    """MOE_SFT, MOE_DPO and MOE_GRPO (one JSON line each, named moe_sft / moe_dpo / moe_grpo),
+    then what XLA made of the routed MLP on expert 4 x data 2 (`expert_collectives`)."""
     for algo, meshes, extra in (("moe_sft", MOE_SFT, []),
+                                ("moe_dpo", MOE_DPO, ["train.max_steps=4"]),
                                 ("moe_grpo", MOE_GRPO,
                                  ["grpo.kl_kind=k1", "grpo.shared_prompt=false",
                                   "grpo.max_new_tokens=8", "train.batch_size=8"])):

@@ -108,19 +108,26 @@ def test_checkpoint_from_one_mesh_continues_on_others(tmp_path):
                                    err_msg=run["mesh"])
 
 
-def test_moe_sft_and_grpo_with_experts_split_match_one_device(tmp_path):
+def test_moe_sft_dpo_and_grpo_with_experts_split_match_one_device(tmp_path):
     """tiny-moe (8 experts, top-2, router losses in the loss) in one process: SFT on expert 4 x
-    data 2 and expert 2 x fsdp 2 x tp 2, GRPO on expert 4 x data 2 (tests/parallel/mesh_runs.py
-    `moe_meshes`). The experts are split by sharding their stacked weights: each device keeps
-    E / expert of them, and no all-gather in the compiled step rebuilds them."""
+    data 2 and expert 2 x fsdp 2 x tp 2, DPO (4 steps) and GRPO on expert 4 x data 2
+    (tests/parallel/mesh_runs.py `moe_meshes`). The experts are split by sharding their stacked
+    weights: each device keeps E / expert of them, and no all-gather in the compiled step
+    rebuilds them."""
     runs = mesh_runs(tmp_path, "moe")
     collectives = runs.pop()
     sft = [r for r in runs if r["name"] == "moe_sft"]
+    dpo = [r for r in runs if r["name"] == "moe_dpo"]
     grpo = [r for r in runs if r["name"] == "moe_grpo"]
     assert [r["mesh"] for r in sft] == ["1,1,1", "2,1,1,e4", "1,2,2,e2"]
-    assert [r["mesh"] for r in grpo] == ["1,1,1", "2,1,1,e4"]
+    assert [r["mesh"] for r in dpo] == [r["mesh"] for r in grpo] == ["1,1,1", "2,1,1,e4"]
     for run in sft[1:]:
         assert_same_trajectory(run, sft[0])
+    # DPO, 4 steps: each chosen row stays with its rejected row when the pairs split over
+    # expert x data; the same losses as one device (1e-5 relative).
+    assert dpo[0]["steps"] == dpo[1]["steps"] == [1, 2, 3, 4]
+    np.testing.assert_allclose(dpo[1]["loss"], dpo[0]["loss"], rtol=1e-5, atol=0)
+    np.testing.assert_allclose(dpo[1]["grad_norm"], dpo[0]["grad_norm"], rtol=1e-5, atol=0)
     # The first step's policy loss is 0 up to roundoff; the router losses (coefficients 0.01
     # and 0.001) make the total about 0.02, far above the floor.
     assert_same_trajectory(grpo[1], grpo[0], floor=1e-3)

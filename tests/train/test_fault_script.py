@@ -1,10 +1,12 @@
 """scripts/fault_test.py at small scale: one SIGKILL trial each of agentic GRPO (multi-turn
-episodes, killed inside a checkpoint write) and SFT (killed at a random moment after a logged
-step; the agent run's 4 steps are too few for that), each killed once and resumed,
-bit-identical to the uninterrupted one. GRPO's single-turn path shares the loop, step and
-checkpoint with the agentic one, and DPO's SIGKILL resume is tests/train/test_resume.py's
-dpo-precomputed-lora case; the full script (`--trials 24`, behind docs/RELIABILITY.md) runs
-every algorithm and every kill mode."""
+episodes, killed inside a checkpoint write) and SFT of the mixture-of-experts tiny-moe (killed
+at a random moment after a logged step; the agent run's 4 steps are too few for that), each
+killed once and resumed, bit-identical to the uninterrupted one. The MoE run is a dense SFT run
+plus routed experts and router losses, so it stands for both; GRPO's single-turn path shares the
+loop, step and checkpoint with the agentic one, and DPO's SIGKILL resume is
+tests/train/test_resume.py's dpo-precomputed-lora case. The full script (`--trials 24`, behind
+docs/RELIABILITY.md) runs every algorithm and every kill mode; `--algos moe,moe_dpo,moe_grpo`
+the mixture-of-experts ones."""
 
 import json
 import subprocess
@@ -16,14 +18,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_killed_runs_resume_bit_identical(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "scripts/fault_test.py"), "--trials", "2",
-                          "--max-kills", "1", "--seed", "1", "--algos", "agent,sft",
+                          "--max-kills", "1", "--seed", "1", "--algos", "agent,moe",
                           "--work", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
                          timeout=900)
     lines = [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")]
     trials = [l for l in lines if "trial" in l]
     summary = lines[-1]["summary"]
     assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-3000:])
-    assert [t["algo"] for t in trials] == ["agent", "sft"]
+    assert [t["algo"] for t in trials] == ["agent", "moe"]
     assert all(t["identical_state"] and t["identical_metrics"] for t in trials), trials
     assert summary["trials"] == summary["ok"] == 2
     first = [t["kills"][0] for t in trials]

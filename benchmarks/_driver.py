@@ -17,6 +17,9 @@
 - `child_env()`: its environment, with this checkout's hone first on PYTHONPATH.
 - `versions()`: package versions of the main venv and the Tunix venv.
 - `write_section(title, text)`: replace one "## title" section of RESULTS.md, keeping the rest.
+- `run_row(script, row, env=None)`: rerun `script` with this process's arguments plus
+  `--one ROW` (one row per process, so each row's memory and compile are its own), exit with
+  its stderr if it fails, echo and return the JSON of its last line.
 """
 
 from __future__ import annotations
@@ -257,3 +260,14 @@ def write_section(title: str, section: str, path: Path = RESULTS, top: bool = Fa
         if kept_after:
             new += "\n" + kept_after + "\n"
     path.write_text(new)
+
+
+def run_row(script: str, row: str, env: dict | None = None) -> dict:
+    """One row of a single-script benchmark in a process of its own (see the module doc)."""
+    done = subprocess.run([sys.executable, script, *sys.argv[1:], "--one", row],
+                          capture_output=True, text=True, cwd=HERE.parent, env=env)
+    if done.returncode != 0:
+        sys.exit(f"{row} failed:\n{done.stderr[-3000:]}")
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    print(json.dumps(out), flush=True)
+    return out

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -139,15 +138,8 @@ def main():
     if args.one:
         print(json.dumps(measure(args.one, args)), flush=True)
         return
-    results = []
-    for row in args.rows.split(","):
-        child = [a for a in sys.argv[1:]] + ["--one", row]
-        done = subprocess.run([sys.executable, __file__] + child, capture_output=True, text=True,
-                              cwd=HERE.parent)
-        if done.returncode != 0:
-            sys.exit(f"{row} failed:\n{done.stderr[-3000:]}")
-        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
-        print(json.dumps(results[-1]), flush=True)
+    from _driver import run_row
+    results = [run_row(__file__, row) for row in args.rows.split(",")]
     print(table(results))
 
 

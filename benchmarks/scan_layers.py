@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -111,18 +110,11 @@ def main():
         layers, mode, remat = args.one.split(",")
         print(json.dumps(measure(int(layers), mode, remat, args)), flush=True)
         return
+    from _driver import run_row
     env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
-    results = []
-    for remat in args.remat.split(","):
-        for layers in args.layers.split(","):
-            for mode in args.modes.split(","):
-                child = sys.argv[1:] + ["--one", f"{layers},{mode},{remat}"]
-                done = subprocess.run([sys.executable, __file__] + child, capture_output=True,
-                                      text=True, cwd=HERE.parent, env=env)
-                if done.returncode != 0:
-                    sys.exit(f"{layers} {mode} {remat} failed:\n{done.stderr[-3000:]}")
-                results.append(json.loads(done.stdout.strip().splitlines()[-1]))
-                print(json.dumps(results[-1]), flush=True)
+    results = [run_row(__file__, f"{layers},{mode},{remat}", env)
+               for remat in args.remat.split(",") for layers in args.layers.split(",")
+               for mode in args.modes.split(",")]
     print(table(results))
 
 

@@ -193,8 +193,8 @@ def ring_check() -> None:
 # 2 prompts x 4 samples of 8 tokens: one row per device, and half the decoding (the programs,
 # whose compiling is most of the time, are the same).
 MOE_SFT = ["1,1,1", "2,1,1,e4", "1,2,2,e2"]
-MOE_GRPO = ["1,1,1", "2,1,1,e4"]
-MOE_DPO = MOE_GRPO  # 4 steps: DPO's pair split on the expert axis, beside SFT's 10-step parity
+MOE_GRPO = ["1,1,1", "2,1,1,e4", "1,2,2,e2"]
+MOE_DPO = MOE_GRPO[:2]  # 4 steps: DPO's pair split on the expert axis, beside SFT's 10-step parity
 
 
 def moe_meshes(root: Path, overrides: list[str]) -> None:

@@ -109,8 +109,8 @@ def test_checkpoint_from_one_mesh_continues_on_others(tmp_path):
 
 
 def test_moe_sft_dpo_and_grpo_with_experts_split_match_one_device(tmp_path):
-    """tiny-moe (8 experts, top-2, router losses in the loss) in one process: SFT on expert 4 x
-    data 2 and expert 2 x fsdp 2 x tp 2, DPO (4 steps) and GRPO on expert 4 x data 2
+    """tiny-moe (8 experts, top-2, router losses in the loss) in one process: SFT and GRPO on
+    expert 4 x data 2 and expert 2 x fsdp 2 x tp 2, DPO (4 steps) on expert 4 x data 2
     (tests/parallel/mesh_runs.py `moe_meshes`). The experts are split by sharding their stacked
     weights: each device keeps E / expert of them, and no all-gather in the compiled step
     rebuilds them."""
@@ -120,7 +120,8 @@ def test_moe_sft_dpo_and_grpo_with_experts_split_match_one_device(tmp_path):
     dpo = [r for r in runs if r["name"] == "moe_dpo"]
     grpo = [r for r in runs if r["name"] == "moe_grpo"]
     assert [r["mesh"] for r in sft] == ["1,1,1", "2,1,1,e4", "1,2,2,e2"]
-    assert [r["mesh"] for r in dpo] == [r["mesh"] for r in grpo] == ["1,1,1", "2,1,1,e4"]
+    assert [r["mesh"] for r in grpo] == ["1,1,1", "2,1,1,e4", "1,2,2,e2"]
+    assert [r["mesh"] for r in dpo] == ["1,1,1", "2,1,1,e4"]
     for run in sft[1:]:
         assert_same_trajectory(run, sft[0])
     # DPO, 4 steps: each chosen row stays with its rejected row when the pairs split over
@@ -130,7 +131,8 @@ def test_moe_sft_dpo_and_grpo_with_experts_split_match_one_device(tmp_path):
     np.testing.assert_allclose(dpo[1]["grad_norm"], dpo[0]["grad_norm"], rtol=1e-5, atol=0)
     # The first step's policy loss is 0 up to roundoff; the router losses (coefficients 0.01
     # and 0.001) make the total about 0.02, far above the floor.
-    assert_same_trajectory(grpo[1], grpo[0], floor=1e-3)
+    for run in grpo[1:]:
+        assert_same_trajectory(run, grpo[0], floor=1e-3)
     assert sft[-1]["loss"][-1] < sft[-1]["loss"][0] - 1.0  # it trains: 5.6 to 3.9 measured
     # Whole experts per device: 8 / 4 on the expert axis; the rows' all-gathers carry tokens
     # (and router logits), never an expert weight.

@@ -219,15 +219,13 @@ def _hf_names(arch: str, config: dict[str, Any]) -> dict[str, str]:
                          ffn_norm="pre_feedforward_layernorm",
                          post_ffw_norm="post_feedforward_layernorm",
                          attn_q_norm="self_attn.q_norm", attn_k_norm="self_attn.k_norm")
-    routed: set[int] = set()
-    if config.get("num_experts") or config.get("num_local_experts"):
-        routed = set(range(n_layers)) - set(config.get("mlp_only_layers", ()))
+    if gguf_moe.num_experts(config):
         names.update(gguf_moe.moe_names(config))
     for i in range(n_layers):
+        routed = f"blk.{i}.ffn_gate_inp.weight" in names  # its MLP: gguf_moe's names
         for g, h in per_layer.items():
-            if i in routed and g in ("ffn_gate", "ffn_up", "ffn_down"):
-                continue  # a routed layer's MLP: gguf_moe's names
-            names[f"blk.{i}.{g}.weight"] = f"model.layers.{i}.{h}.weight"
+            if not (routed and g in ("ffn_gate", "ffn_up", "ffn_down")):
+                names[f"blk.{i}.{g}.weight"] = f"model.layers.{i}.{h}.weight"
     return names
 
 
@@ -248,7 +246,7 @@ def _hf_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     for i in range(config["num_hidden_layers"]):
         for name, shape in per_layer.items():
             shapes[f"model.layers.{i}.{name}.weight"] = shape
-    if config.get("num_experts") or config.get("num_local_experts"):
+    if gguf_moe.num_experts(config):
         shapes.update(gguf_moe.moe_shapes(config))
     return shapes
 

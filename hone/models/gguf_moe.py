@@ -38,6 +38,11 @@ def is_moe(arch: str, meta: dict[str, Any]) -> bool:
     return arch in MOE_ARCHS or (arch == "llama" and "llama.expert_count" in meta)
 
 
+def num_experts(config: dict[str, Any]) -> int:
+    """Experts per routed layer of an HF config dict; 0 for a dense model."""
+    return config.get("num_experts") or config.get("num_local_experts") or 0
+
+
 def routed_layers(n_layers: int, infos: dict[str, TensorInfo]) -> list[int]:
     """The layers holding a router; the others hold a dense MLP."""
     return [i for i in range(n_layers) if f"blk.{i}.ffn_gate_inp.weight" in infos]
@@ -99,6 +104,7 @@ def moe_config(arch: str, meta: dict[str, Any], infos: dict[str, TensorInfo], pa
     if arch == "qwen2moe":
         # The key is absent from early qwen2moe files; the shared expert's tensor is the truth.
         shexp = infos.get(f"blk.{routed[0]}.ffn_gate_shexp.weight")
+        # (`...`: no tensor to read it from, so the key is required)
         width = shexp.shape[0] if shexp is not None and len(shexp.shape) == 2 else ...
         out.update(shared_expert_intermediate_size=_get(
                        meta, p + "expert_shared_feed_forward_length", path, default=width,
@@ -139,7 +145,7 @@ def moe_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     as the file holds them, under their `{}` name."""
     d, h = config["hidden_size"], config["head_dim"]
     n, k = config["num_attention_heads"], config["num_key_value_heads"]
-    e = config.get("num_experts") or config["num_local_experts"]
+    e = num_experts(config)
     f = config.get("moe_intermediate_size") or config["intermediate_size"]
     fs = config.get("shared_expert_intermediate_size", 0)
     shapes = {}

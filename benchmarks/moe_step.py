@@ -61,12 +61,8 @@ def measure(row: str, args) -> dict:
     decode tokens/s at each batch size."""
     import numpy as np
 
-    from hone.bench.rows import OPTIM, decode_row, train_batch
+    from hone.bench.rows import decode_row, sft_step, train_batch
     from hone.bench.timing import finite, first_and_median, peak_rss_mb
-    from hone.recipes.sft import sft_step_loss, target_tokens
-    from hone.train.optimizer import build_optimizer
-    from hone.train.state import flatten, new_train_state, split_model
-    from hone.train.step import make_train_step
 
     import jax
     from flax import nnx
@@ -81,12 +77,8 @@ def measure(row: str, args) -> dict:
                              seed=args.seed)
             out[f"decode_b{b}_tok_s"] = round(b * args.new_tokens / got.median_s, 1)
     if not args.no_step:
-        graphdef, params, frozen = split_model(net, nnx.Param)
+        step, state, frozen = sft_step(net, args.seed)
         del net
-        optimizer, schedule = build_optimizer(OPTIM)
-        state = new_train_state(flatten(params), optimizer, args.seed)
-        step = make_train_step(graphdef, params, sft_step_loss, target_tokens, optimizer,
-                               schedule, accum=1)
         data = train_batch(np.random.default_rng(args.seed), args.batch, args.seq_len,
                            cfg.vocab_size)
 

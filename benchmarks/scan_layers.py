@@ -38,14 +38,10 @@ def measure(layers: int, mode: str, remat: str, args) -> dict:
     import numpy as np
     from flax import nnx
 
-    from hone.bench.rows import OPTIM, train_batch
+    from hone.bench.rows import sft_step, train_batch
     from hone.config.schema import ModelSection, TrainSection
     from hone.models.scan_layers import scan_setting
     from hone.models.transformer import Transformer
-    from hone.recipes.sft import sft_step_loss, target_tokens
-    from hone.train.optimizer import build_optimizer
-    from hone.train.state import flatten, new_train_state, split_model
-    from hone.train.step import make_train_step
 
     cfg = model_config(layers)
     net = Transformer(cfg, rngs=nnx.Rngs(args.seed))
@@ -53,12 +49,8 @@ def measure(layers: int, mode: str, remat: str, args) -> dict:
     net.head_chunk = TrainSection().head_chunk
     net.remat = remat
     net.scan_layers = scan_setting(mode, remat)
-    graphdef, params, frozen = split_model(net, nnx.Param)
+    step, state, frozen = sft_step(net, args.seed)
     del net
-    optimizer, schedule = build_optimizer(OPTIM)
-    state = new_train_state(flatten(params), optimizer, args.seed)
-    step = make_train_step(graphdef, params, sft_step_loss, target_tokens, optimizer, schedule,
-                           accum=1)
     data = train_batch(np.random.default_rng(args.seed), args.batch, args.seq_len,
                        cfg.vocab_size)
     t0, c0 = time.perf_counter(), time.process_time()

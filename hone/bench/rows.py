@@ -101,6 +101,21 @@ def train_batch(rng: np.random.Generator, b: int, t: int, vocab: int) -> dict:
     return {k: jnp.asarray(v) for k, v in batch.items()}
 
 
+def sft_step(net, seed: int = 0, precision: str = "fp32"):
+    """(jitted SFT step, its train state, the frozen state) for a built model with every
+    parameter trained: the step `hone sft` runs, with the rows' optimizer (OPTIM)."""
+    from hone.recipes.sft import sft_step_loss, target_tokens
+    from hone.train.optimizer import build_optimizer
+    from hone.train.state import flatten, new_train_state, split_model
+    from hone.train.step import make_train_step
+    graphdef, params, frozen = split_model(net, nnx.Param)
+    optimizer, schedule = build_optimizer(OPTIM)
+    state = new_train_state(flatten(params), optimizer, seed)
+    step = make_train_step(graphdef, params, sft_step_loss, target_tokens, optimizer, schedule,
+                           accum=1, precision=precision)
+    return step, state, frozen
+
+
 def train_row(row: str, model: str = "smollm2-135m", batch: int = 4, seq: int = 128,
               repeats: int = 5, precision: str = "fp32", seed: int = 0, remat: str = "none",
               log: Callable = quiet) -> Measured:

@@ -84,7 +84,7 @@ def grpo_row(model: str = "smollm2-135m", prompts: int = 2, generations: int = 4
     from hone.train.build import build_model
     from hone.train.optimizer import rl_optimizer
     from hone.train.reference import reference_mode
-    from hone.train.state import flatten, new_train_state, split_model, unflatten
+    from hone.train.state import new_train_state, split_model, train_params, unflatten
 
     steps = repeats + 1
     log(f"grpo: building {model}, {prompts} prompts x {generations} generations, "
@@ -104,7 +104,7 @@ def grpo_row(model: str = "smollm2-135m", prompts: int = 2, generations: int = 4
     graphdef, params, frozen = split_model(net, trainable)
     built_remat = step_remat(graphdef, params, frozen)  # build_model set it from train.remat
     optimizer, schedule = rl_optimizer(cfg.train, grpo.iterations)
-    state = new_train_state(flatten(params), optimizer, cfg.train.seed)
+    state = new_train_state(train_params(net, params), optimizer, cfg.train.seed)
     aux = jax.tree.map(jnp.copy, state["params"]) if mode == "copy" else None
     score = make_scoring(cfg, graphdef, params, mode)
     assert (score is None) == (mode is None)

@@ -106,11 +106,11 @@ def sft_step(net, seed: int = 0, precision: str = "fp32"):
     parameter trained: the step `hone sft` runs, with the rows' optimizer (OPTIM)."""
     from hone.recipes.sft import sft_step_loss, target_tokens
     from hone.train.optimizer import build_optimizer
-    from hone.train.state import flatten, new_train_state, split_model
+    from hone.train.state import new_train_state, split_model, train_params
     from hone.train.step import make_train_step
     graphdef, params, frozen = split_model(net, nnx.Param)
     optimizer, schedule = build_optimizer(OPTIM)
-    state = new_train_state(flatten(params), optimizer, seed)
+    state = new_train_state(train_params(net, params), optimizer, seed)
     step = make_train_step(graphdef, params, sft_step_loss, target_tokens, optimizer, schedule,
                            accum=1, precision=precision)
     return step, state, frozen
@@ -127,7 +127,7 @@ def train_row(row: str, model: str = "smollm2-135m", batch: int = 4, seq: int = 
     from hone.models.scan_layers import scan_setting
     from hone.recipes.sft import sft_step_loss, target_tokens
     from hone.train.optimizer import build_optimizer
-    from hone.train.state import flatten, new_train_state, split_model
+    from hone.train.state import flatten, new_train_state, split_model, train_params
     from hone.train.step import make_train_step
 
     assert row in ("sft", "lora"), row
@@ -153,10 +153,11 @@ def train_row(row: str, model: str = "smollm2-135m", batch: int = 4, seq: int = 
                 "attention": built.attention,
                 "head_chunk": built.head_chunk}
     del built
-    flat = flatten(params)
     if row == "lora":
-        assert all("lora_" in k for k in flat) and len(flat) == 2 * 7 * cfg.num_layers
-        n_lora = sum(int(np.prod(x.shape)) for x in flat.values())
+        per_block = flatten(params)
+        assert all("lora_" in k for k in per_block) and len(per_block) == 2 * 7 * cfg.num_layers
+        n_lora = sum(int(np.prod(x.shape)) for x in per_block.values())
+    flat = train_params(net, params)
     optimizer, schedule = build_optimizer(OPTIM)
     state = new_train_state(flat, optimizer, seed)
     step = make_train_step(graphdef, params, sft_step_loss, target_tokens, optimizer, schedule,

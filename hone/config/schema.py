@@ -147,11 +147,12 @@ class TrainSection:
     # Rematerialization of each block in the backward pass (memory for compute).
     remat: str = field(default="none",
                        metadata={"choices": ("none", "full", "save_dots", "offload")})
-    # How the blocks run: "scan" = a scan over their weights stacked inside the step, "loop" =
+    # How the blocks run: "scan" = a scan over their weights, stored stacked in the train state
+    # (checkpoints keep per-layer names; the compiled step does not grow with depth), "loop" =
     # a Python loop (same numbers). With remat the scan keeps one hidden state per block for
-    # the backward pass (the loop let XLA keep every block's intermediates); the stack costs
-    # about three more copies of the blocks' weights. auto = scan when remat is not none
-    # (hone/models/scan_layers.py). Not true/false: YAML would read those as booleans.
+    # the backward pass (the loop let XLA keep every block's intermediates). auto = scan when
+    # remat is not none (hone/models/scan_layers.py, hone/models/stacked.py). Not true/false:
+    # YAML would read those as booleans.
     scan_layers: str = field(default="auto", metadata={"choices": ("auto", "scan", "loop")})
     # Positions per chunk of the LM head and its losses (hone.models.head): a longer row is
     # scored chunk by chunk, its [chunk, vocab] logits recomputed in the backward pass, so no

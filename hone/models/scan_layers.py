@@ -12,12 +12,14 @@ backward pass is the block inputs the scan saved (at most 2.6 KB per token per b
 whole step's temporaries grew 79 KB per token from 2k to 8k tokens over 30 blocks).
 
 Design choices:
-- The per-layer parameter tree is unchanged (checkpoints, loading, LoRA, sharding and every
-  public name). The stacking happens inside the traced forward pass (`jnp.stack` of each leaf
-  over the blocks of a run); the gradient flows back to each block's own leaves through the
-  stack. The stack, its gradient and the backward scan's buffer for it cost about three more
-  copies of the blocks' weights in the step (47 MB per SmolLM2-135M block), fixed in the row
-  length, against activations that grow with it: even at 1k tokens, ahead from 2k on.
+- The module tree is unchanged (loading, LoRA, quantized storage, sharding rules and every
+  public name keep the per-layer blocks). The train state stores the trained block weights
+  stacked (hone/models/stacked.py) and hands the stacks to the scan (`give`), which reads them
+  as they are: the step neither stacks them nor slices their gradient, and the optimizer
+  updates one array per kind of weight, so the compiled step does not grow with depth. Any
+  leaf without a stored stack (frozen weights, a model built from per-layer parameters) is
+  stacked inside the traced pass (`jnp.stack`); its gradient, if any, flows back through the
+  stack (about three copies of those weights in the step).
 - Blocks are grouped by period: the smallest p such that block i has the structure (graph
   definition: layer type, adapters, quantized storage) of block i - p for every block of the
   whole groups. A uniform stack scans one block per step (p = 1); Gemma 2's alternating
@@ -33,6 +35,7 @@ Design choices:
 
 from __future__ import annotations
 
+import weakref
 from typing import Callable
 
 import jax
@@ -42,6 +45,21 @@ from flax import nnx
 # step(block, x) -> (x, report): one block on the hidden states [B, T, D], and any pytree the
 # block reports (a routed MLP's router sums; None when there is nothing to report).
 Step = Callable[[nnx.Module, jax.Array], tuple[jax.Array, object]]
+
+
+# Transformer -> {position j: {block-relative key: [G, ...] array}}: the stacked weights its next
+# scan reads instead of stacking its blocks' own (hone.models.stacked.provide). Weak keys: an
+# entry lives as long as the model built for one forward pass.
+_GIVEN: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def give(transformer, given: dict[int, dict[str, jax.Array]]) -> None:
+    """Let `transformer`'s scan read these stacked weights (hone.models.stacked)."""
+    _GIVEN[transformer] = given
+
+
+def given_to(transformer) -> dict[int, dict[str, jax.Array]] | None:
+    return _GIVEN.get(transformer)
 
 
 def scan_setting(setting: str, remat: str) -> bool:
@@ -70,18 +88,28 @@ def period(graphdefs: list) -> int:
     return 0
 
 
-def _stack(states: list):
-    """Per-block states (same structure) -> one state whose leaves are stacked [G, ...]."""
-    treedef = jax.tree.structure(states[0])
-    leaves = [jax.tree.leaves(s) for s in states]
-    return jax.tree.unflatten(treedef, [jnp.stack(xs) for xs in zip(*leaves)])
+def _stacked_state(states: list, given: dict[str, jax.Array]):
+    """One state with leaves [G, ...] from per-block states: a leaf from `given` (stored
+    stacked, hone.models.stacked) where it has one, else the blocks' own leaves stacked."""
+    flats = [nnx.to_flat_state(s) for s in states]
+    leaves = []
+    for n, (path, var) in enumerate(flats[0]):
+        stored = given.get("/".join(str(part) for part in path))
+        if stored is not None and stored.shape[0] == len(states):
+            value = stored
+        else:
+            value = jnp.stack([f[n][1][...] for f in flats])
+        leaves.append((path, var.replace(value)))
+    return nnx.from_flat_state(leaves)
 
 
-def run_blocks(blocks, x: jax.Array, step: Step, policy=None) -> tuple[jax.Array, list]:
+def run_blocks(blocks, x: jax.Array, step: Step, policy=None,
+               given: dict | None = None) -> tuple[jax.Array, list]:
     """x [B, T, D] through every block in order, as `for b in blocks: x, r = step(b, x)` does,
     with whole groups of blocks (see `period`) run as a scan; returns x and each block's report,
     in block order (the scanned ones stacked by the scan, sliced back). policy: the
-    jax.checkpoint policy of each block (None = no rematerialisation)."""
+    jax.checkpoint policy of each block (None = no rematerialisation). given: {position j:
+    {key: [G, ...]}}, weights stored stacked (`give`), read instead of the blocks' own."""
     blocks = list(blocks)
     splits = [nnx.split(b) for b in blocks]
     graphdefs = [g for g, _ in splits]
@@ -100,7 +128,9 @@ def run_blocks(blocks, x: jax.Array, step: Step, policy=None) -> tuple[jax.Array
     groups = len(blocks) // p if p else 0
     reports = []
     if groups:
-        stacked = [_stack([splits[g * p + j][1] for g in range(groups)]) for j in range(p)]
+        given = given if given is not None and max(given, default=-1) < p else {}
+        stacked = [_stacked_state([splits[g * p + j][1] for g in range(groups)],
+                                  given.get(j, {})) for j in range(p)]
 
         def body(x, states):  # states: the weights of one group, a block per position
             out = []

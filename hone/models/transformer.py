@@ -7,8 +7,9 @@ hone/models/moe.py). What the routers did leaves a training forward pass as per-
 kept in an nnx intermediate on the Transformer (`router_loss`, `pop_router_sums`): blocks
 return them through the loop and the scan alike, and the train step adds the router losses.
 Layers are a Python list so per-layer differences, adapters and intermediate activations stay
-simple; with `scan_layers` the forward pass runs them as a scan over their weights stacked on the
-fly (hone/models/scan_layers.py), which is what lets remat bound the backward pass's memory.
+simple; with `scan_layers` the forward pass runs them as a scan over their weights, stored
+stacked by the train state (hone/models/scan_layers.py, hone/models/stacked.py), which is what
+lets remat bound the backward pass's memory and keeps the compiled step flat in depth.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from hone.models.linear import Linear
 from hone.models.masks import MaskSpec
 from hone.models.mlp import GatedMLP
 from hone.models.moe import RoutedMLP, RouterLoss
-from hone.models.scan_layers import run_blocks, scannable
+from hone.models.scan_layers import given_to, run_blocks, scannable
 from hone.models.layers import positions_from_mask
 from hone.losses.moe import RouterSums, router_sums
 
@@ -229,14 +230,15 @@ class Transformer(nnx.Module):
             x, sums = layer.forward(x, attend, record)
             return x, sums, probs[0]
 
-        if (self.scan_layers and not hidden_layers and not attention_layers
-                and scannable(self.layers)):
+        # Weights stored stacked (hone.models.stacked) are scanned whenever the pass allows it.
+        if ((self.scan_layers or given_to(self) is not None) and not hidden_layers
+                and not attention_layers and scannable(self.layers)):
             def step(layer, x):
                 cos, sin = ropes[layer.layer_type]
                 return run(layer, x, cos, sin, masks[layer.layer_type])
 
             policy = None if self.remat == "none" else remat_policy(self.remat)
-            x, reports = run_blocks(self.layers, x, step, policy)
+            x, reports = run_blocks(self.layers, x, step, policy, given_to(self))
             self._record(reports)
             return self.final_norm(x), captured
         if self.remat != "none":

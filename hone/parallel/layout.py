@@ -179,6 +179,8 @@ class Layout:
         params' logical names (`logical_names` of the trainable nnx.State)."""
         if self.mesh is None:
             return state
+        from hone.models.stacked import stacked_names
+        names = stacked_names(names, state["params"])
         params = {k: jax.device_put(v, self.param(names.get(k), v.shape, k, v.nbytes))
                   for k, v in state["params"].items()}
         by_key = {k: v.sharding for k, v in params.items()}

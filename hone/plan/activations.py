@@ -20,8 +20,10 @@ Remat with the Python loop (train.scan_layers: loop) is counted as none: XLA:CPU
 block's recomputation early there and kept it (hone/models/scan_layers.py says why the scan
 exists).
 
-The scan stacks the blocks' weights inside the step: about three copies of the trained blocks
-(the stack, its gradient, the backward scan's buffer) and one of frozen ones.
+The scan reads trained block weights stored stacked (hone/models/stacked.py) as they are, and
+stacks the frozen ones inside the step: one copy of those. Trained weights that cannot be
+stored stacked (model.train_layers: not every group trains) are stacked in the step too, about
+three copies (the stack, its gradient, the backward scan's buffer).
 
 The coefficients below are counts of arrays (each a per-token width in compute-dtype
 elements); they were set from the arrays named above and checked against XLA's
@@ -164,18 +166,19 @@ def attention_bytes(p: PlanInput) -> float:
 
 
 def stacked_weights(p: PlanInput) -> float:
-    """Bytes the scan adds: ~3 copies of the trained blocks' weights, 1 of frozen ones
-    (module docstring); 0 without the scan."""
+    """Bytes the scan adds: one copy of the frozen blocks' weights, and ~3 of trained ones
+    not stored stacked (module docstring); 0 without the scan."""
     if not p.scan:
         return 0.0
     arch = p.arch
     blocks = sum(block_params(arch, i) for i in range(arch.num_layers))
-    if p.lora_rank:
-        trained, frozen = lora_params(p), blocks
+    if p.lora_rank:  # adapters in every block: stored stacked
+        unstacked, frozen = 0, blocks
     else:
         trained = min(blocks, trainable_params(p))
+        unstacked = 0 if trained >= blocks else trained  # the top blocks only: per block
         frozen = blocks - trained
-    return (3 * trained + frozen) * param_bytes(p) / (p.fsdp * p.tp)
+    return (3 * unstacked + frozen) * param_bytes(p) / (p.fsdp * p.tp)
 
 
 def dequantized_kernels(p: PlanInput) -> float:

@@ -46,7 +46,7 @@ from hone.train.loop import LoopSpec, run_loop
 from hone.train.optimizer import rl_optimizer
 from hone.train.reference import reference_mode, reference_model
 from hone.train.scoring import branch_logprobs, head_logprobs
-from hone.train.state import flatten, new_train_state, split_model, tree_bytes
+from hone.train.state import new_train_state, split_model, train_params, tree_bytes
 from hone.train.step import merge
 
 
@@ -165,7 +165,7 @@ def run_grpo(cfg: GRPOConfig, *, log=print):
     layout.place_model(model)
     graphdef, params, frozen = split_model(model, trainable)
     optimizer, schedule = rl_optimizer(cfg.train, grpo.iterations)
-    state = layout.place_train_state(new_train_state(flatten(params), optimizer, cfg.train.seed),
+    state = layout.place_train_state(new_train_state(train_params(model, params), optimizer, cfg.train.seed),
                                      logical_names(params))
     reference = None
     if ref_devices:  # the starting weights move to the reference's devices once

@@ -49,7 +49,7 @@ from hone.train.loop import LoopSpec, run_loop
 from hone.train.optimizer import rl_optimizer
 from hone.train.reference import reference_mode, reference_model
 from hone.train.scoring import branch_logprobs, head_logprobs, row_logprobs
-from hone.train.state import flatten, new_train_state, split_model, tree_bytes, unflatten
+from hone.train.state import new_train_state, split_model, train_params, tree_bytes, unflatten
 from hone.train.step import merge
 
 _POLICY = "policy/"
@@ -190,7 +190,7 @@ def run_ppo(cfg: PPOConfig, *, log=print):
     layout.place_model(model)
     graphdef, params, frozen = split_model(model, trainable)
     optimizer, schedule = rl_optimizer(cfg.train, ppo.epochs * ppo.minibatches)
-    state = new_train_state(flatten(params), optimizer, cfg.train.seed)
+    state = new_train_state(train_params(model, params), optimizer, cfg.train.seed)
     state["kl_coef"] = jnp.float32(ppo.kl_coef)
     start = {k: jnp.copy(v) for k, v in policy_part(state["params"]).items()}
     aux = start if mode == "copy" and not ref_devices else None

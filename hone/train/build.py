@@ -21,7 +21,7 @@ from hone.models.scan_layers import scan_setting
 from hone.parallel import Layout, logical_names
 from hone.train.oom import AccumStep
 from hone.train.optimizer import build_optimizer
-from hone.train.state import also_train, flatten, new_train_state, split_model, top_blocks
+from hone.train.state import also_train, new_train_state, split_model, top_blocks, train_params
 from hone.train.step import make_eval_step, make_train_step, row_split
 
 
@@ -115,7 +115,7 @@ def compile_steps(cfg, model: nnx.Module, trainable, loss_fn, normalizer_fn, *,
     layout.place_model(model)
     graphdef, params, frozen = split_model(model, trainable)
     optimizer, schedule = build_optimizer(cfg.train)
-    state = new_train_state(flatten(params), optimizer, cfg.train.seed)
+    state = new_train_state(train_params(model, params), optimizer, cfg.train.seed)
     state = layout.place_train_state(state, logical_names(params))
     def build(accum: int):
         if make_step is not None:

@@ -23,17 +23,39 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
 import jax
 
 from hone.checkpoint import CheckpointError, Checkpointer
+from hone.models.stacked import Relayout
 from hone.parallel.replicas import count_replicated, replica_mismatches
 from hone.train import guards, oom
 from hone.metrics.sinks import make_sinks
 from hone.parallel.profile import StepProfiler
+
+
+class _PerBlock:
+    """A Checkpointer for a state whose blocks are stored stacked (hone.models.stacked): it
+    saves and restores the per-block layout, so a checkpoint is the same whether the run
+    scanned its blocks or not, and a run may resume with train.scan_layers switched."""
+
+    def __init__(self, ckpt: Checkpointer, relayout: Relayout):
+        self.ckpt, self.relayout = ckpt, relayout
+
+    def save(self, step: int, state: dict[str, Any], data_state: dict) -> None:
+        self.ckpt.save(step, self.relayout.to_saved(state), data_state)
+
+    def restore_latest(self, like):
+        restored = self.ckpt.restore_latest(None if like is None else self.relayout.saved_like)
+        if restored is None:
+            return None
+        return replace(restored, state=self.relayout.from_saved(restored.state))
+
+    def __getattr__(self, name):
+        return getattr(self.ckpt, name)
 
 
 class Interrupted(Exception):
@@ -114,11 +136,16 @@ def _host(metrics: dict) -> dict:
 def run_loop(spec: LoopSpec, cfg, run_dir: Path) -> dict[str, Any]:
     """Train to cfg.train.max_steps from the newest checkpoint in run_dir (or from scratch).
 
-    Returns the final train state. `cfg` is a TrainConfig (train, checkpoint, log sections).
+    Returns the final train state, its parameters keyed per block as a checkpoint keeps them
+    (also when the run stored them stacked, hone.models.stacked). `cfg` is a TrainConfig
+    (train, checkpoint, log sections).
     """
     train, ckpt_cfg, log = cfg.train, cfg.checkpoint, cfg.log
     ckpt = Checkpointer(run_dir / "checkpoints", keep=ckpt_cfg.keep,
                         async_save=ckpt_cfg.async_save, exclusive=True)  # refused if in use
+    relayout = Relayout.of(spec.state)
+    if relayout is not None:  # blocks stored stacked: checkpoints keep them per block
+        ckpt = _PerBlock(ckpt, relayout)
     state, start = spec.state, 0
     # Shapes, dtypes and shardings to restore into; spec.state itself is donated to the step.
     like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
@@ -225,7 +252,7 @@ def run_loop(spec: LoopSpec, cfg, run_dir: Path) -> dict[str, Any]:
         ckpt.close()
         for sink in sinks:
             sink.close()
-    return state
+    return state if relayout is None else relayout.to_saved(state)
 
 
 def _roll_back(state, reason: int, step: int, ckpt: Checkpointer, like, spec: LoopSpec, cfg,

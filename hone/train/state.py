@@ -29,8 +29,20 @@ def flatten(state: nnx.State) -> dict[str, jax.Array]:
     return {path_key(path): var[...] for path, var in nnx.to_flat_state(state)}
 
 
+def train_params(model: nnx.Module, params: nnx.State) -> dict[str, jax.Array]:
+    """The flat trainable parameters a train state starts from: `flatten(params)`, with the
+    blocks of a model that scans them (train.scan_layers) stored stacked
+    (hone.models.stacked), so the step and the optimizer do not grow with depth."""
+    from hone.models.stacked import plan_of, stack_flat
+    return stack_flat(flatten(params), plan_of(model))
+
+
 def unflatten(template: nnx.State, flat: dict[str, jax.Array]) -> nnx.State:
-    """Put arrays from a flat dict back into the structure of `template` (an nnx.State)."""
+    """Put arrays from a flat dict back into the structure of `template` (an nnx.State).
+    Parameters stored stacked over scanned blocks (hone.models.stacked) are sliced into their
+    blocks."""
+    from hone.models.stacked import unstack_flat
+    flat = unstack_flat(flat)
     leaves = [(path, var.replace(flat[path_key(path)]))
               for path, var in nnx.to_flat_state(template)]
     return nnx.from_flat_state(leaves)

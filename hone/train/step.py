@@ -35,6 +35,7 @@ import optax
 from flax import nnx
 
 from hone.losses.moe import router_loss
+from hone.models.stacked import provide
 from hone.models.transformer import pop_router_sums
 from hone.train.guards import guard_update
 from hone.train.optimizer import ScaledLR
@@ -90,7 +91,8 @@ def with_router_loss(model, loss: jax.Array, metrics: dict, share: float):
 
 
 def merge(graphdef, template, params, frozen, precision: str, dropout_key=None):
-    """The model for one forward pass, in the compute precision.
+    """The model for one forward pass, in the compute precision. Parameters stored stacked
+    over scanned blocks (hone.models.stacked) reach the scan as they are.
 
     With a dropout_key the model is in training mode and its dropout stream is reseeded from
     the key: the frozen state is not returned from the step, so a stream left to advance by
@@ -99,6 +101,7 @@ def merge(graphdef, template, params, frozen, precision: str, dropout_key=None):
     if precision == "bf16":
         params, frozen = _cast(params, jnp.bfloat16), _cast(frozen, jnp.bfloat16)
     model = nnx.merge(graphdef, unflatten(template, params), frozen)
+    provide(model, params)  # weights stored stacked: the scan reads them as they are
     if dropout_key is not None:
         model.train()
         nnx.reseed(model, dropout=dropout_key)

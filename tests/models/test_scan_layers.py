@@ -1,5 +1,7 @@
-"""Blocks run as a scan over stacked weights (hone/models/scan_layers.py) against the loop:
-the same SFT loss and the same gradient of every trained leaf at 1e-5 absolute in float32, on
+"""Blocks run as a scan over their weights stored stacked (hone/models/scan_layers.py,
+hone/models/stacked.py) against the loop: the same SFT loss and the same gradient of every
+trained leaf at 1e-5 absolute in float32 (the scan's taken through the stacked storage the
+train state keeps, as the train step's `merge` builds the model), on
 the tiny preset made 5 blocks deep (a whole-group scan plus, with a pattern, a ragged tail),
 with remat none and full, with QLoRA adapters (NF4 codes stacked as frozen state), and with a
 sliding/global pattern (scanned in pairs); blockwise attention over blocks of 8 so its custom
@@ -42,16 +44,24 @@ def _batch():
 
 
 def _loss_and_grads(model, trainable, remat: str, scan: bool):
+    """(loss, per-block gradients) of the train state's parameters: per block with the loop,
+    stored stacked (and differentiated as stacks) with the scan."""
+    from hone.models.stacked import is_stacked, unstack_flat
+    from hone.train.state import train_params
+    from hone.train.step import merge
     model.remat, model.scan_layers = remat, scan
     model.attention, model.attention_block = "blockwise", 8
     graphdef, params, rest = nnx.split(model, trainable, ...)
+    flat = train_params(model, params)
+    assert is_stacked(flat) is scan
     mb = _batch()
 
     def loss(p, rest):  # the frozen state an argument, as in the train step
-        return sft_step_loss(nnx.merge(graphdef, p, rest), mb, jnp.float32(T), None)[0]
+        built = merge(graphdef, params, p, rest, "fp32")
+        return sft_step_loss(built, mb, jnp.float32(T), None)[0]
 
-    value, grads = jax.jit(jax.value_and_grad(loss))(params, rest)
-    return value, flatten(grads)
+    value, grads = jax.jit(jax.value_and_grad(loss))(flat, rest)
+    return value, unstack_flat(grads)
 
 
 def _assert_same(model, trainable, remat, loop_remat=None):
@@ -113,7 +123,7 @@ def _step_temp_bytes(layers: int, t: int) -> tuple[int, int]:
     from hone.bench.rows import OPTIM
     from hone.recipes.sft import target_tokens
     from hone.train.optimizer import build_optimizer
-    from hone.train.state import new_train_state, split_model
+    from hone.train.state import new_train_state, split_model, train_params
     from hone.train.step import make_train_step
     cfg = preset("smollm2-135m").replace(
         num_layers=layers, layer_types=("global",) * layers, hidden_size=128,
@@ -123,7 +133,7 @@ def _step_temp_bytes(layers: int, t: int) -> tuple[int, int]:
     graphdef, params, frozen = split_model(net, nnx.Param)
     flat = flatten(params)
     optimizer, schedule = build_optimizer(OPTIM)
-    state = new_train_state(flat, optimizer, 0)
+    state = new_train_state(train_params(net, params), optimizer, 0)  # stored stacked
     step = make_train_step(graphdef, params, sft_step_loss, lambda b: jnp.float32(t),
                            optimizer, schedule, accum=1)
     row = jax.ShapeDtypeStruct((1, t), jnp.int32)
@@ -136,17 +146,17 @@ def _step_temp_bytes(layers: int, t: int) -> tuple[int, int]:
 
 def test_scanned_remat_keeps_one_hidden_state_per_block():
     """Four blocks more may add, per block, at most: its saved input and one more buffer of
-    that size (the backward scan's cotangent), 2 x T x D x 4 bytes, plus 6 copies of its
-    weights (the stack, the stacked gradient and its loop buffer, the optimizer's
-    temporaries). Measured at 1,024 tokens: 3.0 MB per block against a 4.6 MB bound; the loop
-    of separately rematerialised blocks kept 21.6 MB per block at 2,048 tokens (XLA:CPU ran
-    every block's recomputation before the backward pass reached it, so all their
-    intermediates lived at once)."""
+    that size (the backward scan's cotangent), 2 x T x D x 4 bytes, plus one copy of its
+    weights. Measured at 1,024 tokens with the weights stored stacked: 1.05 MB per block
+    (the two hidden-state buffers and nothing else) against a 1.64 MB bound; 2.95 MB when the
+    step stacked per-block weights itself, and the loop of separately rematerialised blocks
+    kept 21.6 MB per block at 2,048 tokens (XLA:CPU ran every block's recomputation before
+    the backward pass reached it, so all their intermediates lived at once)."""
     t, d = 1024, 128
     temp4, block = _step_temp_bytes(4, t)
     temp8, _ = _step_temp_bytes(8, t)
     per_block = (temp8 - temp4) / 4
-    bound = 2 * t * d * 4 + 6 * block
+    bound = 2 * t * d * 4 + block
     assert per_block <= bound, (per_block, bound)
 
 
@@ -200,3 +210,30 @@ def test_a_run_resumes_exactly_across_a_switch_of_scan_layers(tmp_path, monkeypa
             np.testing.assert_allclose(np.asarray(resumed["params"][k]),
                                        np.asarray(straight["params"][k]), atol=1e-5, rtol=0,
                                        err_msg=k)
+
+
+def test_stored_stacks_reach_the_scan_as_they_are():
+    """With the parameters stored stacked, the scan reads the stacks: the gradient's program
+    stacks no weight going in and slices no gradient coming out (the per-block slices
+    `unflatten` makes for the blocks go unused). With per-block storage it does both."""
+    import collections
+    import re
+    from hone.train.state import train_params
+    from hone.train.step import merge
+
+    def counts(stored_stacked: bool):
+        model = _tiny(("global",) * 4)
+        model.remat, model.scan_layers = "full", True
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        flat = train_params(model, params) if stored_stacked else flatten(params)
+
+        def loss(p, rest):
+            return sft_step_loss(merge(graphdef, params, p, rest, "fp32"), _batch(),
+                                 jnp.float32(T), None)[0]
+
+        text = str(jax.make_jaxpr(jax.value_and_grad(loss))(flat, rest))
+        return collections.Counter(re.findall(r"= (\w+)\[", text))
+
+    stored, per_block = counts(True), counts(False)
+    assert stored["stack"] == 0 and stored["unstack"] == 0, stored
+    assert per_block["stack"] == 9 and per_block["unstack"] == 9, per_block  # 9 leaves a block

@@ -54,15 +54,20 @@ def run(algo: str, run_dir: Path, mesh: str, overrides: list[str]) -> dict:
 def elastic(root: Path, overrides: list[str]) -> None:
     """An uninterrupted 10-step run on one device; a run stopped at step 5 on (2,4,1) and
     continued to 10 on (1,4,1), (8,1,1) and one device. Constant schedule: max_steps=5 then 10
-    is the same run as 10 straight."""
+    is the same run as 10 straight. The stopped run and its (1,4,1) continuation rematerialise
+    their blocks, so they scan them over weights stored stacked and sharded over fsdp
+    (hone/models/stacked.py); the checkpoint keeps them per block, and the other two continue
+    with the loop (remat changes no number)."""
     keep = ["train.schedule=constant", "checkpoint.every_steps=5"] + overrides
     print(json.dumps(dict(run("sft", root / "straight", "1,1,1", keep), name="straight")),
           flush=True)
-    run("sft", root / "first", "2,4,1", keep + ["train.max_steps=5"])
-    for mesh in ("1,4,1", "8,1,1", "1,1,1"):
+    scan = ["train.remat=full"]
+    run("sft", root / "first", "2,4,1", keep + ["train.max_steps=5"] + scan)
+    for mesh, extra in (("1,4,1", scan), ("8,1,1", []), ("1,1,1", [])):
         target = root / f"resumed-{mesh.replace(',', '')}"
         shutil.copytree(root / "first", target)
-        print(json.dumps(dict(run("sft", target, mesh, keep), name="resumed")), flush=True)
+        print(json.dumps(dict(run("sft", target, mesh, keep + extra), name="resumed")),
+              flush=True)
 
 
 def replica_check() -> None:

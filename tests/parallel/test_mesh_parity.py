@@ -95,7 +95,9 @@ def test_grpo_on_every_mesh_matches_one_device(tmp_path):
 
 
 def test_checkpoint_from_one_mesh_continues_on_others(tmp_path):
-    """Saved on (data 2, fsdp 4) at step 5; continued on (1,4), (8,1) and one device."""
+    """Saved on (data 2, fsdp 4) at step 5; continued on (1,4), (8,1) and one device. The
+    first run and its (1,4) continuation scan their blocks over weights stored stacked and
+    sharded (remat full); the checkpoint is per block either way."""
     runs = mesh_runs(tmp_path, "elastic")
     # hone.parallel.replicas: the check the loop runs after every restore finds one device's
     # copy of an array one ulp off.

@@ -1,13 +1,13 @@
 """Blocks run as a scan over their weights stored stacked (hone/models/scan_layers.py,
 hone/models/stacked.py) against the loop: the same SFT loss and the same gradient of every
 trained leaf at 1e-5 absolute in float32 (the scan's taken through the stacked storage the
-train state keeps, as the train step's `merge` builds the model), on
-the tiny preset made 5 blocks deep (a whole-group scan plus, with a pattern, a ragged tail),
-with remat none and full, with QLoRA adapters (NF4 codes stacked as frozen state), and with a
-sliding/global pattern (scanned in pairs); blockwise attention over blocks of 8 so its custom
-VJP runs inside the scan. Then the grouping rule by hand, the fall-back for LoRA dropout, and
-one compiled step's memory: with the scan and remat full, each block added may keep only its
-input, not its intermediates."""
+train state keeps, as the train step's `merge` builds the model), on the tiny preset made 5
+blocks deep (a whole-group scan plus, with a pattern, a ragged tail), with remat none and full,
+with QLoRA adapters (NF4 codes stacked as frozen state), with a sliding/global pattern (scanned
+in pairs), and the logits of a forward pass alone; blockwise attention over blocks of 8 so its
+custom VJP runs inside the scan. Then the grouping rule by hand, the fall-back for LoRA
+dropout, and one compiled step's memory: with the scan and remat full, each block added may
+keep only its input, not its intermediates."""
 
 import jax
 import jax.numpy as jnp
@@ -237,3 +237,25 @@ def test_stored_stacks_reach_the_scan_as_they_are():
     stored, per_block = counts(True), counts(False)
     assert stored["stack"] == 0 and stored["unstack"] == 0, stored
     assert per_block["stack"] == 9 and per_block["unstack"] == 9, per_block  # 9 leaves a block
+
+
+def test_logits_from_stored_stacks_equal_the_loop():
+    """The forward pass alone: logits of a model built from stacked parameters (scanned over
+    the stacks) equal the loop's at 1e-5, for a sliding/global pattern with a ragged tail."""
+    from hone.models.stacked import is_stacked
+    from hone.train.state import train_params
+    from hone.train.step import merge
+    model = _tiny(("sliding", "global") * 2 + ("sliding",))
+    mb = _batch()
+    model.attention, model.attention_block = "blockwise", 8
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    loop = jax.jit(lambda p, r: merge(graphdef, params, p, r, "fp32")(
+        mb["tokens"], mb["positions"], mb["attention_mask"]))(flatten(params), rest)
+    model.scan_layers = True
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    flat = train_params(model, params)
+    assert is_stacked(flat)
+    scan = jax.jit(lambda p, r: merge(graphdef, params, p, r, "fp32")(
+        mb["tokens"], mb["positions"], mb["attention_mask"]))(flat, rest)
+    np.testing.assert_allclose(scan, loop, atol=1e-5, rtol=0)
+    assert float(jnp.abs(loop).max()) > 0.1

@@ -25,6 +25,12 @@ Design choices:
   Nothing of size T x S is stored for the backward pass.
 - Lengths that are not multiples of the blocks are padded inside (padded keys invalid, padded
   queries copy the last query's vectors so they widen no block's range) and the output cropped.
+- Layout. The blocks are laid out heads before tokens once, outside the loops (queries
+  [nq, B, K, G, bq, H], keys and values [nk, B, K, bk, H]), so every product inside them is a
+  batched matrix product over (B, K) that XLA runs without copying an operand into another
+  layout on each visit. Measured on CPU, one SmolLM2 layer's causal attention (9 heads, 3 KV
+  heads, head size 64): forward and backward 286 -> 203 ms at 2k tokens, 1,312 -> 875 ms at 4k,
+  against the token-major layout the projections give.
 - Scores, softmax and the backward pass are float32 whatever the input dtype; as in dense, the
   probabilities are cast to the values' dtype for the product with the values.
 """
@@ -129,13 +135,16 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, spec: MaskSpec
     order = jnp.argsort(~vis, axis=1, stable=True).astype(jnp.int32)  # [nq, nk]
     count = vis.sum(1, dtype=jnp.int32)  # [nq]
     qb = jnp.pad(q, ((0, 0), (0, tp - t), (0, 0), (0, 0)))
-    qb = qb.reshape(b, nq, block_q, kv, n // kv, h).swapaxes(0, 1)  # [nq, B, bq, K, G, H]
+    # Blocks are laid out heads before tokens ([.., K, G, bq, H] and [.., K, bk, H]) once here,
+    # so every product in the loops is a plain batched matrix product over (B, K) that XLA
+    # runs without transposing its operands on each visit.
+    qb = qb.reshape(b, nq, block_q, kv, n // kv, h).transpose(1, 0, 3, 4, 2, 5)
     pad_k = lambda x: jnp.pad(x, ((0, 0), (0, sp - s), (0, 0), (0, 0))).reshape(  # noqa: E731
-        b, nk, block_k, kv, h).swapaxes(0, 1)  # [nk, B, bk, K, H]
+        b, nk, block_k, kv, h).transpose(1, 0, 3, 2, 4)  # [nk, B, K, bk, H]
     vecs = _blocked(spec, nq, nk)
     out = _attend(qb, pad_k(k), pad_k(v), vecs, order, count,
-                  _Static(spec.window, scale, softcap, s))  # [nq, B, bq, K, G, H]
-    return out.swapaxes(0, 1).reshape(b, tp, n, h)[:, :t]
+                  _Static(spec.window, scale, softcap, s))  # [nq, B, K, G, bq, H]
+    return out.transpose(1, 0, 4, 2, 3, 5).reshape(b, tp, n, h)[:, :t]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,20 +176,21 @@ def _key_block(vecs: dict, j: jax.Array) -> dict:
 
 
 def _scores(qi: jax.Array, kj: jax.Array, st: _Static) -> jax.Array:
-    """qi [B, bq, K, G, H], kj [B, bk, K, H] -> float32 (capped) scores [B, K, G, bq, bk]."""
-    x = jnp.einsum("BTKGH,BSKH->BKGTS", qi, kj, preferred_element_type=jnp.float32) * st.scale
+    """qi [B, K, G, bq, H], kj [B, K, bk, H] -> float32 (capped) scores [B, K, G, bq, bk]."""
+    x = jnp.einsum("BKGTH,BKSH->BKGTS", qi, kj, preferred_element_type=jnp.float32) * st.scale
     if st.softcap is not None:
         x = st.softcap * jnp.tanh(x / st.softcap)
     return x
 
 
 def _forward(qb, kb, vb, vecs, order, count, st: _Static):
-    """-> output [nq, B, bq, K, G, H] (q's dtype), log-sum-exp [nq, B, K, G, bq] (0 where a
-    query sees no key) and that emptiness [nq, B, K, G, bq]."""
-    _, b, bq, kv, g, h = qb.shape
+    """qb [nq, B, K, G, bq, H], kb/vb [nk, B, K, bk, H] -> output [nq, B, K, G, bq, H] (q's
+    dtype), log-sum-exp [nq, B, K, G, bq] (0 where a query sees no key) and that emptiness
+    [nq, B, K, G, bq]."""
+    _, b, kv, g, bq, h = qb.shape
     f32 = jnp.float32
     # What a query seeing no key gets in dense: the mean of the values over all real keys.
-    mean_v = vb.astype(f32).sum((0, 2)) / st.keys  # [B, K, H]
+    mean_v = vb.astype(f32).sum((0, 3)) / st.keys  # [B, K, H]
 
     def one_query_block(_, xs):
         qi, qv, order_i, count_i = xs
@@ -195,7 +205,7 @@ def _forward(qb, kb, vb, vecs, order, count, st: _Static):
             new_top = jnp.maximum(top, x.max(-1))
             p = jnp.where(keep, jnp.exp(x - new_top[..., None]), 0.0)
             fade = jnp.exp(top - new_top)
-            pv = jnp.einsum("BKGTS,BSKH->BKGTH", p.astype(vj.dtype), vj,
+            pv = jnp.einsum("BKGTS,BKSH->BKGTH", p.astype(vj.dtype), vj,
                             preferred_element_type=f32)
             return new_top, norm * fade + p.sum(-1), acc * fade[..., None] + pv
 
@@ -206,7 +216,7 @@ def _forward(qb, kb, vb, vecs, order, count, st: _Static):
         out = jnp.where(empty[..., None], mean_v[:, :, None, None, :],
                         acc / jnp.where(empty, 1.0, norm)[..., None])
         lse = jnp.where(empty, 0.0, top + jnp.log(jnp.where(empty, 1.0, norm)))
-        out = out.transpose(0, 3, 1, 2, 4).astype(qb.dtype)  # [B, bq, K, G, H]
+        out = out.astype(qb.dtype)  # [B, K, G, bq, H]
         return None, (out, lse, empty)
 
     qvecs = {f: vecs[f] for f in _Q_FIELDS}
@@ -227,8 +237,8 @@ def _attend_fwd(qb, kb, vb, vecs, order, count, st: _Static):
 def _attend_bwd(st: _Static, res, d_out):
     qb, kb, vb, vecs, order, count, out, lse, empty = res
     f32 = jnp.float32
-    d_out = d_out.astype(f32)  # [nq, B, bq, K, G, H]
-    delta = jnp.einsum("QBTKGH,QBTKGH->QBKGT", d_out, out.astype(f32))  # rowsum(dO * O)
+    d_out = d_out.astype(f32)  # [nq, B, K, G, bq, H]
+    delta = jnp.einsum("QBKGTH,QBKGTH->QBKGT", d_out, out.astype(f32))  # rowsum(dO * O)
 
     def one_query_block(carry, xs):
         qi, qv, order_i, count_i, do_i, delta_i, lse_i = xs
@@ -242,14 +252,14 @@ def _attend_bwd(st: _Static, res, d_out):
             keep = _tile_mask(qv, _key_block(vecs, j), st.window)
             x = _scores(qi, kj, st)  # [B, K, G, bq, bk]
             p = jnp.where(keep, jnp.exp(x - lse_i[..., None]), 0.0)
-            dv_j = jnp.einsum("BKGTS,BTKGH->BSKH", p, do_i)
-            dp = jnp.einsum("BTKGH,BSKH->BKGTS", do_i, vj)
+            dv_j = jnp.einsum("BKGTS,BKGTH->BKSH", p, do_i)
+            dp = jnp.einsum("BKGTH,BKSH->BKGTS", do_i, vj)
             ds = p * (dp - delta_i[..., None])
             if st.softcap is not None:
                 ds = ds * (1.0 - jnp.square(x / st.softcap))
             ds = ds * st.scale
-            dq = dq + jnp.einsum("BKGTS,BSKH->BTKGH", ds, kj)
-            dk_j = jnp.einsum("BKGTS,BTKGH->BSKH", ds, qi)
+            dq = dq + jnp.einsum("BKGTS,BKSH->BKGTH", ds, kj)
+            dk_j = jnp.einsum("BKGTS,BKGTH->BKSH", ds, qi)
             add = lambda acc, new: jax.lax.dynamic_update_index_in_dim(  # noqa: E731
                 acc, jax.lax.dynamic_index_in_dim(acc, j, 0, False) + new, j, 0)
             return dq, add(dk, dk_j), add(dv, dv_j)
@@ -263,9 +273,10 @@ def _attend_bwd(st: _Static, res, d_out):
     (dk, dv), dq = jax.lax.scan(one_query_block, (zeros, zeros),
                                 (qb, qvecs, order, count, d_out, delta, lse))
     # Queries that saw no key took the mean of the values: dO / S into every real key's dV.
-    lost = jnp.einsum("QBKGT,QBTKGH->BKH", empty.astype(f32), d_out) / st.keys  # [B, K, H]
-    real = (jnp.arange(kb.shape[0] * kb.shape[2]) < st.keys).reshape(kb.shape[0], 1, -1, 1, 1)
-    dv = dv + jnp.where(real, lost[None, :, None], 0.0)
+    lost = jnp.einsum("QBKGT,QBKGTH->BKH", empty.astype(f32), d_out) / st.keys  # [B, K, H]
+    nk, bk = kb.shape[0], kb.shape[3]
+    real = (jnp.arange(nk * bk) < st.keys).reshape(nk, 1, 1, bk, 1)
+    dv = dv + jnp.where(real, lost[None, :, :, None], 0.0)
     return (dq.astype(qb.dtype), dk.astype(kb.dtype), dv.astype(vb.dtype), None, None, None)
 
 

@@ -135,10 +135,8 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, spec: MaskSpec
     order = jnp.argsort(~vis, axis=1, stable=True).astype(jnp.int32)  # [nq, nk]
     count = vis.sum(1, dtype=jnp.int32)  # [nq]
     qb = jnp.pad(q, ((0, 0), (0, tp - t), (0, 0), (0, 0)))
-    # Blocks are laid out heads before tokens ([.., K, G, bq, H] and [.., K, bk, H]) once here,
-    # so every product in the loops is a plain batched matrix product over (B, K) that XLA
-    # runs without transposing its operands on each visit.
-    qb = qb.reshape(b, nq, block_q, kv, n // kv, h).transpose(1, 0, 3, 4, 2, 5)
+    qb = qb.reshape(b, nq, block_q, kv, n // kv, h).transpose(  # heads first: "Layout" above
+        1, 0, 3, 4, 2, 5)  # [nq, B, K, G, bq, H]
     pad_k = lambda x: jnp.pad(x, ((0, 0), (0, sp - s), (0, 0), (0, 0))).reshape(  # noqa: E731
         b, nk, block_k, kv, h).transpose(1, 0, 3, 2, 4)  # [nk, B, K, bk, H]
     vecs = _blocked(spec, nq, nk)

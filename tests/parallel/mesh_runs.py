@@ -27,7 +27,12 @@ from hone.config import COMMANDS, load_config  # noqa: E402
 from hone.parallel import Layout  # noqa: E402
 
 
-def run(algo: str, run_dir: Path, mesh: str, overrides: list[str]) -> dict:
+def run(algo: str, run_dir: Path, mesh: str, overrides: list[str],
+        evaluate: bool = False) -> dict:
+    """One 10-step run; `evaluate`: with the held-out evaluation at its end (its loss returned
+    as eval_loss), else without a held-out set (data.eval_path=null), which saves compiling
+    and running the evaluation (GRPO's: greedy sampling at the start and the end) where a test
+    compares only the training trajectory."""
     d, f, t, *rest = mesh.split(",")
     seq = next((x for x in rest if x.isdigit()), "1")
     expert = next((x[1:] for x in rest if x[:1] == "e" and x[1:].isdigit()), "1")
@@ -37,16 +42,17 @@ def run(algo: str, run_dir: Path, mesh: str, overrides: list[str]) -> dict:
         f"run_dir={run_dir}", "train.max_steps=10", "log.sinks=[jsonl]", "train.eval_every=0",
         "checkpoint.every_steps=0", "data.max_records=256", f"mesh.data={d}", f"mesh.fsdp={f}",
         f"mesh.tp={t}", f"mesh.seq={seq}", f"mesh.expert={expert}", f"mesh.mode={mode}"]
-        + overrides)
+        + ([] if evaluate else ["data.eval_path=null"]) + overrides)
     recipe = importlib.import_module(f"hone.recipes.{command}")
     model, state = getattr(recipe, f"run_{command}")(cfg, log=lambda *a: None)[:2]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [r["eval_loss"] for r in rows if "eval_loss" in r]
     rows = [r for r in rows if "loss" in r]
     # Which attention ran across the seq axis (None: no seq axis, attention within each row).
     ring = type(getattr(model, "sequence_attention", None)).__name__
     return {"mesh": mesh, "ring": ring, "steps": [r["step"] for r in rows],
             "loss": [r["loss"] for r in rows],
-            "grad_norm": [r["grad_norm"] for r in rows],
+            "grad_norm": [r["grad_norm"] for r in rows], "eval_loss": evals,
             "device_bytes": Layout.device_bytes({"params": state["params"],
                                                  "opt_state": state["opt_state"]})}
 
@@ -265,7 +271,10 @@ def main(argv: list[str]) -> None:
         replica_check()
         return
     for mesh in meshes:
-        out = run(algo, root / f"{algo}-{mesh.replace(',', '-')}", mesh, overrides)
+        # SFT's runs end with the held-out evaluation, compared across meshes; the others
+        # compare their training losses only.
+        out = run(algo, root / f"{algo}-{mesh.replace(',', '-')}", mesh, overrides,
+                  evaluate=algo == "sft")
         print(json.dumps(out), flush=True)
 
 

@@ -1,6 +1,6 @@
 """Tiny SFT, DPO and GRPO on 8 host devices: every mesh shape gives the single-device loss
-trajectory (1e-5 relative over 10 steps), the explicit all-reduce mode and sequence
-parallelism (rows' tokens split over mesh.seq, ring attention) too; parameter plus
+trajectory (1e-5 relative over 10 steps; SFT its held-out loss too), the explicit all-reduce
+mode and sequence parallelism (rows' tokens split over mesh.seq, ring attention) too; parameter plus
 optimizer bytes per device fall as 1/fsdp; a checkpoint written on one mesh continues on others;
 the tiny mixture-of-experts model's SFT and GRPO with its experts split over mesh.expert too.
 
@@ -63,6 +63,10 @@ def test_sft_on_every_mesh_matches_one_device_and_fsdp_shards_the_state(tmp_path
     assert [r["mesh"] for r in runs] == MESHES
     for run in runs[1:]:
         assert_same_trajectory(run, runs[0])
+        # The held-out evaluation after step 10, sharded as the training batches are.
+        np.testing.assert_allclose(run["eval_loss"], runs[0]["eval_loss"], rtol=1e-5,
+                                   err_msg=run["mesh"])
+    assert len(runs[0]["eval_loss"]) == 1
     assert_ring_on_seq_meshes(runs)
     one, fsdp4 = runs[0]["device_bytes"], runs[MESHES.index("1,4,1,2")]["device_bytes"]
     print(f"\nparams + optimizer bytes per device: 1 device {one}, fsdp=4 {fsdp4} "

@@ -111,8 +111,10 @@ def _ring(q, k, v, vecs, *, seq: int, window, scale: float, softcap, keys: int, 
     kv = k.shape[2]
     g, nc, c = n // kv, t // chunk, chunk
     f32 = jnp.float32
-    # Query chunks first: [nc, b, c, K, G, H] and vectors [nc, b, c].
-    qc = q.reshape(b, nc, c, kv, g, h).swapaxes(0, 1)
+    # Query chunks first and heads before tokens, as in hone/models/blockwise.py ("Layout"):
+    # queries [nc, b, K, G, c, H], keys and values [b, K, t, H] (passed round the ring so), and
+    # vectors [nc, b, c]; every product in the ring is then a plain batched matrix product.
+    qc = q.reshape(b, nc, c, kv, g, h).transpose(1, 0, 3, 4, 2, 5)
     qvecs = {f: None if vecs.get(f) is None else vecs[f].reshape(b, nc, c).swapaxes(0, 1)
              for f in _Q_FIELDS}
     perm = [(i, (i + 1) % seq) for i in range(seq)]
@@ -125,11 +127,11 @@ def _ring(q, k, v, vecs, *, seq: int, window, scale: float, softcap, keys: int, 
         # storing them, so no step keeps more than one chunk's scores alive.
         @jax.checkpoint
         def one_chunk(xs):
-            qi, qv, top, norm, acc = xs  # [b, c, K, G, H]; [b, K, G, c] x 2; [b, K, G, c, H]
+            qi, qv, top, norm, acc = xs  # [b, K, G, c, H]; [b, K, G, c] x 2; [b, K, G, c, H]
             keep = make_mask(qv["q_index"], kvecs["k_index"], kvecs["k_valid"], window,
                              qv["q_segment"], kvecs.get("k_segment"), qv["q_branch"],
                              kvecs.get("k_branch"))[:, None, None]  # [b, 1, 1, c, t]
-            x = jnp.einsum("BTKGH,BSKH->BKGTS", qi, kj, preferred_element_type=f32) * scale
+            x = jnp.einsum("BKGTH,BKSH->BKGTS", qi, kj, preferred_element_type=f32) * scale
             if softcap is not None:
                 x = softcap * jnp.tanh(x / softcap)
             x = jnp.where(keep, x, MASKED)  # [b, K, G, c, t]
@@ -137,7 +139,7 @@ def _ring(q, k, v, vecs, *, seq: int, window, scale: float, softcap, keys: int, 
             new_top = jax.lax.stop_gradient(jnp.maximum(top, x.max(-1)))
             p = jnp.where(keep, jnp.exp(x - new_top[..., None]), 0.0)
             fade = jnp.exp(top - new_top)
-            pv = jnp.einsum("BKGTS,BSKH->BKGTH", p.astype(vj.dtype), vj,
+            pv = jnp.einsum("BKGTS,BKSH->BKGTH", p.astype(vj.dtype), vj,
                             preferred_element_type=f32)
             return new_top, norm * fade + p.sum(-1), acc * fade[..., None] + pv
 
@@ -151,7 +153,7 @@ def _ring(q, k, v, vecs, *, seq: int, window, scale: float, softcap, keys: int, 
 
     init = (jnp.full((nc, b, kv, g, c), MASKED, f32), jnp.zeros((nc, b, kv, g, c), f32),
             jnp.zeros((nc, b, kv, g, c, h), f32))
-    block = (k, v, {f: vecs[f] for f in _K_FIELDS if f in vecs})
+    block = (k.swapaxes(1, 2), v.swapaxes(1, 2), {f: vecs[f] for f in _K_FIELDS if f in vecs})
     # seq - 1 steps that score and pass on; the last block is scored and kept.
     (state, block), _ = jax.lax.scan(step, (init, block), None, length=seq - 1)
     _, norm, acc = visit(state, block)

@@ -67,8 +67,8 @@ def main() -> None:
         f"parameter trained), {d.mode} {d.kind} at temperature {d.temperature}, batch "
         f"{cfg.train.batch_size} x {cfg.data.max_length} tokens, AdamW lr {cfg.train.lr} "
         f"(cosine, {cfg.train.warmup_steps} warmup steps); loss and held-out metrics on the "
-        f"answer tokens of builtin:arithmetic-eval ({cfg.train.eval_batches} batches); greedy "
-        f"answers to its first {d.eval_prompts} questions. Teacher perplexity on the same "
+        f"answer tokens of builtin:arithmetic-eval ({cfg.train.eval_batches or 'all'} "
+        f"batches); greedy answers to its first {d.eval_prompts} questions. Teacher perplexity on the same "
         f"tokens: {evals[0]['eval_teacher_ppl']:.2f}; teacher accuracy "
         f"{evals[0].get('eval_teacher_accuracy', float('nan')):.1%}.",
         "",

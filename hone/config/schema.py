@@ -161,8 +161,9 @@ class TrainSection:
     head_chunk: int = field(default=1024, metadata={"min": 0})
     # Evaluate every N steps; 0 = only at the end.
     eval_every: int = field(default=0, metadata={"min": 0})
-    # Batches per evaluation.
-    eval_batches: int = field(default=4, metadata={"min": 1})
+    # Held-out batches per evaluation (SFT, DPO, KTO, reward, distill: the first N, in order);
+    # 0 = the whole held-out set.
+    eval_batches: int = field(default=0, metadata={"min": 0})
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,6 @@ class WithTeacher:
     def __init__(self, data, teacher: RemoteTeacher):
         self.data, self.teacher = data, teacher
 
-    def batches(self):
-        for batch in self.data.batches():
+    def batches(self, max_batches: int | None = None):
+        for batch in self.data.batches(max_batches=max_batches):
             yield dict(batch, teacher=self.teacher(batch, full=True))

@@ -94,11 +94,11 @@ def _evaluation(cfg, teacher: Teacher, tokenizer, eval_step, frozen, eval_data, 
     """params -> held-out metrics: the summed token metrics plus greedy-answer agreement."""
     if teacher.remote is None:
         summed = summed_eval(eval_step, frozen, eval_data, eval_means, aux=teacher.state,
-                             place=place)
+                             place=place, max_batches=cfg.train.eval_batches)
     else:
         from hone.distill.placement import WithTeacher
         summed = summed_eval(eval_step, frozen, WithTeacher(eval_data, teacher.remote),
-                             eval_means, place=place)
+                             eval_means, place=place, max_batches=cfg.train.eval_batches)
     d, agreement = cfg.distill, None
     if d.eval_prompts:
         prompts, refs, _ = prompts_of(cfg.data.eval_path, tokenizer, d.eval_prompts)

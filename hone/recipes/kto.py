@@ -201,7 +201,7 @@ def run_kto(cfg: KTOConfig, *, log=print):
     eval_fn = None
     if eval_data is not None:
         eval_fn = summed_eval(eval_step, frozen, eval_data, place=layout.place_batch, aux=aux,
-                              means=lambda t: means(t, "eval_") | {
+                              max_batches=cfg.train.eval_batches, means=lambda t: means(t, "eval_") | {
                                   "eval_examples": t.get("eval_examples", 0.0)})
     spec = LoopSpec(
         train_step=step, state=state, frozen=frozen, aux=aux, data=train_data.iterator(),

@@ -68,7 +68,8 @@ def run_reward(cfg: RewardConfig, *, log=print):
     eval_fn = None
     if eval_data is not None:
         eval_fn = summed_eval(eval_step, frozen, eval_data, place=layout.place_batch,
-                              means=lambda t: means(t, "eval_"))
+                              means=lambda t: means(t, "eval_"),
+                              max_batches=cfg.train.eval_batches)
     spec = LoopSpec(
         train_step=step, state=state, frozen=frozen, data=train_data.iterator(),
         eval_fn=eval_fn, place_batch=layout.place_batch,

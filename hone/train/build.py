@@ -131,12 +131,14 @@ def compile_steps(cfg, model: nnx.Module, trainable, loss_fn, normalizer_fn, *,
 
 
 def summed_eval(eval_step, frozen, data, means: Callable[[dict], dict], aux=None,
-                place=lambda batch: batch):
-    """params -> means(sums of every metric over the held-out batches, keys prefixed eval_)."""
+                place=lambda batch: batch, max_batches: int = 0):
+    """params -> means(sums of every metric over the held-out batches, keys prefixed eval_):
+    the first `max_batches` of data.batches() (train.eval_batches), 0: all of them."""
 
     def evaluate(params) -> dict:
         total: dict[str, float] = {}
-        for batch in map(place, data.batches()):
+        batches = data.batches(max_batches=max_batches) if max_batches else data.batches()
+        for batch in map(place, batches):
             for k, v in jax.device_get(eval_step(params, frozen, batch, aux)).items():
                 total["eval_" + k] = total.get("eval_" + k, 0.0) + float(v)
         return means(total)

@@ -113,3 +113,18 @@ def test_pair_split_gives_each_micro_batch_whole_pairs():
     assert parts["pair_valid"].tolist() == [[0, 1], [2, 3]]
     assert row_split(batch, 2)["tokens"][:, :, 0].tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert pair_split(batch, 1)["tokens"].shape == (1, 2 * p, 3)
+
+
+def test_evaluation_reads_the_first_eval_batches_in_order():
+    """train.eval_batches = N sums the first N held-out batches; 0 sums all of them."""
+    from hone.train.build import summed_eval
+
+    class Held:
+        def batches(self, max_batches=None):
+            return ({"x": np.float32(i + 1)} for i in range(5 if max_batches is None
+                                                            else min(5, max_batches)))
+
+    step = lambda params, frozen, batch, aux: {"sum": batch["x"], "batches": 1.0}  # noqa: E731
+    for max_batches, want in ((0, (15.0, 5.0)), (2, (3.0, 2.0)), (9, (15.0, 5.0))):
+        got = summed_eval(step, None, Held(), lambda t: t, max_batches=max_batches)(None)
+        assert (got["eval_sum"], got["eval_batches"]) == want

@@ -81,8 +81,9 @@ def test_reward_model_learns_and_exports_to_transformers(tmp_path):
     run = tmp_path / "run"
     # Scored on its own training pairs: a random tiny backbone cannot learn arithmetic that
     # generalises in 40 steps; the SmolLM2 run in benchmarks/ measures held-out accuracy.
+    # All 64 of them (train.eval_batches=0), not the config's first 32.
     cfg = load_config(RewardConfig, REWARD, [f"run_dir={run}", "log.sinks=[jsonl]",
-                                             "data.max_records=64",
+                                             "data.max_records=64", "train.eval_batches=0",
                                              "data.eval_path=builtin:arithmetic-pref"])
     run_reward(cfg, **QUIET)
     last = rows(run)[-1]

@@ -16,8 +16,11 @@ import pytest
 from hone.checkpoint import Checkpointer
 
 ROOT = Path(__file__).resolve().parents[2]
-# Long enough (a few seconds) that the kill lands mid-run, after the first checkpoint.
-BASE = ["train.max_steps=150", "checkpoint.every_steps=25", "log.sinks=[jsonl]",
+# Long enough that the kill lands mid-run, after the first checkpoint: a tiny step takes about
+# 50 ms here, so the 50 steps after the first checkpoint (the 30 after the SIGTERM test's 30th
+# logged step) give a kill polled every 10 ms seconds to land.
+STEPS = 60
+BASE = [f"train.max_steps={STEPS}", "checkpoint.every_steps=10", "log.sinks=[jsonl]",
         "data.max_records=64", "data.eval_path=null", "train.batch_size=4",
         "checkpoint.keep=5"]
 # Each variant costs three processes, so each one covers several paths: adapters and DPO's
@@ -56,7 +59,7 @@ def kill_after_first_checkpoint(run_dir, extra):
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 240
-        first = Path(run_dir) / "checkpoints" / "25"
+        first = Path(run_dir) / "checkpoints" / "10"
         while not (first / "commit_success.txt").exists() and not (first / "state").exists():
             assert proc.poll() is None, "run ended before its first checkpoint"
             assert time.time() < deadline
@@ -75,11 +78,11 @@ def test_killed_run_resumes_exactly(variant, tmp_path):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     subprocess.run(command(straight, extra), cwd=ROOT, check=True, capture_output=True)
     kill_after_first_checkpoint(killed, extra)
-    assert not (killed / "checkpoints" / "150").exists()
+    assert not (killed / "checkpoints" / str(STEPS)).exists()
     subprocess.run(command(killed, extra), cwd=ROOT, check=True, capture_output=True)
     assert losses(killed) == losses(straight)
     (s1, a), (s2, b) = final_state(straight), final_state(killed)
-    assert s1 == s2 == 150
+    assert s1 == s2 == STEPS
     for k in a["params"]:
         assert np.array_equal(np.asarray(a["params"][k]), np.asarray(b["params"][k])), k
     if variant == "dpo-precomputed-lora":
@@ -107,6 +110,6 @@ def test_sigterm_saves_then_stops_and_resumes_exactly(tmp_path):
     assert proc.returncode == 1 and "checkpoint saved" in err
     saved = max(int(p.name) for p in (stopped / "checkpoints").iterdir() if p.name.isdigit())
     last_logged = json.loads((stopped / "metrics.jsonl").read_text().splitlines()[-1])["step"]
-    assert 30 <= saved == last_logged < 150  # saved at the step where the signal stopped it
+    assert 30 <= saved == last_logged < STEPS  # saved at the step where the signal stopped it
     subprocess.run(command(stopped, packed), cwd=ROOT, check=True, capture_output=True)
     assert losses(stopped) == losses(straight)

@@ -54,7 +54,7 @@ test: $(TEST_STAMP)
 	@cache=$$(mktemp -d "$${TMPDIR:-/tmp}/hone-test-jax-cache.XXXXXX"); \
 	JAX_COMPILATION_CACHE_DIR=$$cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
 	XLA_FLAGS="$${XLA_FLAGS:+$$XLA_FLAGS }--xla_llvm_disable_expensive_passes=true --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false" \
-		$(PY) -m pytest -q -n 3 --dist worksteal --durations=30 --durations-min=1; \
+		$(PY) -m pytest -q -n 2 --dist worksteal --durations=30 --durations-min=1; \
 	status=$$?; rm -rf "$$cache"; exit $$status
 
 # Every side-by-side benchmark driver, one after another (never in parallel: they time), then the

@@ -39,6 +39,12 @@ def _key(record: dict) -> tuple[str, str]:
     return record["impl"], record["row"]
 
 
+def _replaced_key(record: dict) -> tuple:
+    """What a newer record replaces in a driver's file: the same implementation, row and
+    (where the driver records it) remat setting."""
+    return (*_key(record), record.get("remat"))
+
+
 def add_run(name: str, run: dict, folder: Path | None = None) -> Path:
     """Append `run` ({"date", "command", "rounds", "repeats", "records"}) to folder/NAME.json
     and drop the older runs every record of which a newer run has replaced."""
@@ -46,7 +52,7 @@ def add_run(name: str, run: dict, folder: Path | None = None) -> Path:
     runs = load_runs(path) + [run]
     kept, seen = [], set()
     for r in reversed(ordered(runs)):  # newest first: a run stays if it still supplies a record
-        keys = {_key(rec) for rec in r["records"]}
+        keys = {_replaced_key(rec) for rec in r["records"]}
         if keys - seen:
             kept.append(r)
         seen |= keys

@@ -55,7 +55,8 @@ def train_args(description: str, precision: bool = False) -> argparse.Namespace:
     ap.add_argument("--rows", default="sft,lora")
     _ints(ap, repeats=5, batch=4, seq_len=128, seed=0)
     # train.remat's settings; torch maps every setting but "none" to gradient checkpointing
-    ap.add_argument("--remat", default="none", choices=("none", "full", "save_dots"))
+    ap.add_argument("--remat", default="none",
+                    choices=("none", "full", "save_dots", "save_attention"))
     if precision:
         ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
     args = ap.parse_args()

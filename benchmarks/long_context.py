@@ -222,6 +222,31 @@ def blocks_line(recs: dict, lengths) -> str:
             f"from before train.scan_layers) at {', '.join(runs['loop']) or 'no length'}.")
 
 
+def other_remats(others: dict) -> str:
+    """hone's rows under remat settings other than full, one table per setting, each length's
+    step time per token against that setting's 1k row."""
+    out = []
+    for remat in sorted({m for m, _ in others}):
+        rows = sorted((r for (m, _), r in others.items() if m == remat),
+                      key=lambda r: r["length"])
+        base = next((r for r in rows if r["length"] == 1024 and r["status"] == "ok"), None)
+        cells = []
+        for r in rows:
+            per = r["first_s"] if r.get("median_s") is None else r["median_s"]
+            ratio = "-"
+            if base is not None and r["status"] == "ok":
+                b = base["first_s"] if base.get("median_s") is None else base["median_s"]
+                ratio = f"{(per / r['length']) / (b / 1024):.2f}"
+            cells.append([str(r["length"]), _step(r, "first_s"), _step(r, "median_s"), _gb(r),
+                          f"{r['load_avg']:.1f}", ratio, r["date"]])
+        out += ["", f"hone with `train.remat: {remat}` (the same step otherwise; per token: step "
+                "time per token against this setting's 1k row, medians or first steps as "
+                "above):", "",
+                _driver.md_table(["tokens", "first step s", "step s", "peak GB", "load avg",
+                                  "per token / 1k", "date"], cells)]
+    return "\n".join(out) + "\n" if out else ""
+
+
 def section(recs: dict, vers: dict, lengths, max_gb: float) -> str:
     dates = sorted({r["date"] for r in recs.values()})
     lines = [
@@ -255,7 +280,10 @@ def main():
     ap = _driver.parser(__doc__, IMPLS, "Long rows")
     ap.set_defaults(repeats=1)
     ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
-    ap.add_argument("--remat", default="full", choices=("none", "full", "save_dots"))
+    # The main table and goals are remat full's; hone's rows under another setting (e.g.
+    # save_attention) are kept apart and tabled below them, with their own per-token ratio.
+    ap.add_argument("--remat", default="full",
+                    choices=("none", "full", "save_dots", "save_attention"))
     ap.add_argument("--max-gb", type=float, default=18.0,
                     help="kill a process whose resident memory passes this (GB)")
     ap.add_argument("--report-only", action="store_true",
@@ -271,12 +299,17 @@ def main():
             "rounds": 1, "repeats": args.repeats, "records": records})
     runs = _figures.load_runs(_figures.FIGURES / "long_context.json") if args.write else [
         {"date": _figures.today(), "records": records}]
-    recs = {}
+    if args.remat != "full" and args.impls != ["hone"]:
+        ap.error("--remat other than full compares hone's settings: give --impls hone")
+    every = {}
     for r in _figures.ordered(runs):
-        recs |= {(rec["impl"], rec["row"]): rec for rec in r["records"]}
+        every |= {(rec["impl"], rec["row"], rec.get("remat", "full")): rec
+                  for rec in r["records"]}
+    recs = {(i, row): rec for (i, row, m), rec in every.items() if m == "full"}
+    others = {(m, row): rec for (i, row, m), rec in every.items() if m != "full"}
     lengths = sorted(set(LENGTHS) | {rec["length"] for rec in recs.values()})
     vers = {p: md.version(p) for p in ("jax", "flax", "torch", "transformers")}
-    text = section(recs, vers, lengths, args.max_gb)
+    text = section(recs, vers, lengths, args.max_gb) + other_remats(others)
     print()
     print(text)
     if args.write:

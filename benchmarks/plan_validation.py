@@ -51,6 +51,8 @@ CONFIGS: dict[str, tuple[str, list[str]]] = {
     "sft-full": ("sft", [f"train.batch_size={B}", f"data.max_length={T}"]),
     "sft-full-remat": ("sft", [f"train.batch_size={B}", f"data.max_length={T}",
                                "train.remat=full"]),
+    "sft-save-attention": ("sft", [f"train.batch_size={B}", f"data.max_length={T}",
+                                   "train.remat=save_attention"]),
     "sft-lora": ("sft", [f"train.batch_size={B}", f"data.max_length={T}",
                          "model.lora.rank=16"]),
     "sft-qlora": ("sft", [f"train.batch_size={B}", f"data.max_length={T}",

@@ -144,9 +144,11 @@ class TrainSection:
     seed: int = field(default=0, metadata={"min": 0})
     # fp32, or bf16 = bf16 compute with fp32 parameters, optimizer state and accumulation.
     precision: str = field(default="fp32", metadata={"choices": ("fp32", "bf16")})
-    # Rematerialization of each block in the backward pass (memory for compute).
-    remat: str = field(default="none",
-                       metadata={"choices": ("none", "full", "save_dots", "offload")})
+    # Rematerialization of each block in the backward pass (memory for compute): full keeps
+    # each block's input, save_attention also blockwise attention's output (its forward is
+    # not run again), save_dots the projections' outputs, offload those in host memory.
+    remat: str = field(default="none", metadata={
+        "choices": ("none", "full", "save_dots", "save_attention", "offload")})
     # How the blocks run: "scan" = a scan over their weights, stored stacked in the train state
     # (checkpoints keep per-layer names; the compiled step does not grow with depth), "loop" =
     # a Python loop (same numbers). With remat the scan keeps one hidden state per block for

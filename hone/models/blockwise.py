@@ -31,6 +31,13 @@ Design choices:
   layout on each visit. Measured on CPU, one SmolLM2 layer's causal attention (9 heads, 3 KV
   heads, head size 64): forward and backward 286 -> 203 ms at 2k tokens, 1,312 -> 875 ms at 4k,
   against the token-major layout the projections give.
+- Remat. Under `train.remat: save_attention` (hone/models/transformer.py `remat_policy`) the
+  block's recomputation in the backward pass keeps what the forward saved for this VJP (the
+  output, each row's log-sum-exp and emptiness: `SAVED`, by name) instead of running the
+  forward loops again; only the projections before attention are recomputed. With causal
+  attention that removes the forward's two products per visible pair, about a fifth of
+  attention's work in a remat-full step, for N x H values in the compute dtype plus 5 bytes
+  per head, per token and block, kept (docs/guides/long-context.md, "Choosing train.remat").
 - Scores, softmax and the backward pass are float32 whatever the input dtype; as in dense, the
   probabilities are cast to the values' dtype for the product with the values.
 """
@@ -42,6 +49,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from hone.models.masks import MASKED as _MASKED
 from hone.models.masks import MaskSpec, make_mask
@@ -51,6 +59,9 @@ from hone.models.masks import MaskSpec, make_mask
 # 256 and twice as slow with 512 (a pair's scores, 9 x 256 x 256 float32, still sit in cache);
 # 256 also keeps the default 256-token rows on the dense path under model.attention=auto.
 DEFAULT_BLOCK = 256
+
+# The names of the forward's residuals that remat policy save_attention keeps ("Remat" above).
+SAVED = ("attention_out", "attention_lse", "attention_empty")
 
 _FAR = 2 ** 30  # an index beyond any real one, for minima and maxima over no tokens
 
@@ -228,7 +239,8 @@ def _attend(qb, kb, vb, vecs, order, count, st: _Static):
 
 
 def _attend_fwd(qb, kb, vb, vecs, order, count, st: _Static):
-    out, lse, empty = _forward(qb, kb, vb, vecs, order, count, st)
+    out, lse, empty = (checkpoint_name(x, name) for x, name in zip(
+        _forward(qb, kb, vb, vecs, order, count, st), SAVED))
     return out, (qb, kb, vb, vecs, order, count, out, lse, empty)
 
 

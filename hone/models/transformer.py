@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hone.models.attention import Attention
-from hone.models.blockwise import DEFAULT_BLOCK
+from hone.models.blockwise import DEFAULT_BLOCK, SAVED as ATTENTION_SAVED
 from hone.models.config import ModelConfig
 from hone.models.layers import Embedder, RMSNorm, rope_inv_freq, rope_tables
 from hone.models.linear import Linear
@@ -40,6 +40,8 @@ def remat_policy(name: str):
         return policies.nothing_saveable
     if name == "save_dots":
         return policies.dots_with_no_batch_dims_saveable
+    if name == "save_attention":  # blockwise attention's output and statistics, by name
+        return policies.save_only_these_names(*ATTENTION_SAVED)
     if name == "offload":
         return policies.offload_dot_with_no_batch_dims("device", "pinned_host")
     raise ValueError(f"unknown remat policy {name!r}")
@@ -95,7 +97,9 @@ class Transformer(nnx.Module):
         self.layers = nnx.List([Block(cfg, t, dtype, rngs, cfg.routed(i))
                                 for i, t in enumerate(cfg.layer_types)])
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps, cfg.norm_offset, dtype)
-        # Gradient checkpointing of each block: "none", "full", "save_dots" or "offload" (dots
+        # Gradient checkpointing of each block: "none", "full", "save_dots", "save_attention"
+        # (full, but blockwise attention's output is kept, so its forward loops are not run
+        # again; the other attention paths name nothing and run as full) or "offload" (dots
         # to host memory where the backend has one). Set by the trainer; static, so a change
         # compiles a new step.
         self.remat = "none"

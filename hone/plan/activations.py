@@ -15,6 +15,9 @@ hone/models/scan_layers.py):
 - full (scanned blocks): the block's input only, [b, t, D] per block; one block is recomputed
   at a time in the backward pass, so one block's intermediates are alive on top.
 - save_dots: the input plus the outputs of the projections (q, k, v, o, gate, up, down).
+- save_attention: the input plus, with blockwise attention, the attention's output (N·H) and
+  its float32 log-sum-exp and boolean emptiness per head (5 bytes); with dense attention as
+  full (nothing is named there).
 - offload: as save_dots, but the dots go to host memory; the device keeps the input.
 Remat with the Python loop (train.scan_layers: loop) is counted as none: XLA:CPU ran every
 block's recomputation early there and kept it (hone/models/scan_layers.py says why the scan
@@ -105,6 +108,15 @@ def block_dots(p: PlanInput, layer: int) -> float:
     return 3 * w["d"] + w["q"] + 2 * w["kv"] + 2 * w["f"]
 
 
+def block_attention_kept(p: PlanInput, layer: int) -> float:
+    """Bytes per token save_attention keeps besides the block's input: blockwise attention's
+    output (N·H in the compute dtype) and its statistics (5 bytes per head); 0 with dense."""
+    if attention_impl(p) == "dense":
+        return 0.0
+    w = _widths(p, layer)
+    return w["q"] * compute_bytes(p) + w["n"] * 5
+
+
 def policy(p: PlanInput) -> str:
     """The remat policy the blocks run under: none unless scanned (module docstring)."""
     return p.remat if p.scan else "none"
@@ -125,6 +137,8 @@ def saved_activations(p: PlanInput) -> tuple[float, float]:
         return sum(block_all(p, i) for i in layers) * t * a, 0.0
     inputs = len(layers) * p.arch.hidden_size * t * a
     dots = sum(block_dots(p, i) for i in layers) * t * a
+    if policy(p) == "save_attention":
+        return inputs + sum(block_attention_kept(p, i) for i in layers) * t, 0.0
     return {"full": (inputs, 0.0), "save_dots": (dots, 0.0),
             "offload": (inputs, dots)}[policy(p)]
 

@@ -68,6 +68,7 @@ def knobs(p: PlanInput) -> list[list[tuple[str, dict]]]:
     out: list[list[tuple[str, dict]]] = []
     if p.remat == "none" or not p.scan:
         out.append([("train.remat=save_dots", dict(remat="save_dots", scan=True)),
+                    ("train.remat=save_attention", dict(remat="save_attention", scan=True)),
                     ("train.remat=full", dict(remat="full", scan=True))])
     per_device = p.rows // p.batch_shards
     accums = _divisors_up(max(per_device, 1), p.grad_accum)

@@ -32,7 +32,7 @@ class PlanInput:
     lora_targets: str = r".*/(attn/(q|k|v|o)|mlp/(gate|up|down))"  # model.lora.targets
     quantize: str = "none"  # model.lora.quantize: none | nf4 | int8 (frozen base storage)
     train_layers: int | None = None  # model.train_layers: only the top N blocks train
-    remat: str = "none"  # train.remat: none | full | save_dots | offload
+    remat: str = "none"  # train.remat: none | full | save_dots | save_attention | offload
     scan: bool = False  # blocks run as a scan (train.scan_layers resolved)
     head_chunk: int = 1024  # train.head_chunk: positions per chunk of the LM head; 0 = whole row
     attention: str = "auto"  # model.attention

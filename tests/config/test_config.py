@@ -151,7 +151,7 @@ def test_yaml_12_scalars(tmp_path):
     ("model.lora.quantize=nf8", "model.lora.quantize", "choose one of: none, nf4, int8"),
     ("data.format=chat", "data.format", "auto, messages, prompt_completion, text"),
     ("train.schedule=cos", "train.schedule", "constant, linear, cosine"),
-    ("train.remat=all", "train.remat", "none, full, save_dots, offload"),
+    ("train.remat=all", "train.remat", "none, full, save_dots, save_attention, offload"),
     ("log.sinks=[jsonl,mlflow]", "log.sinks", "console, jsonl, tensorboard, prometheus, wandb"),
 ])
 def test_a_value_outside_the_choices_lists_the_allowed_ones(override, key, allowed):

@@ -66,6 +66,19 @@ def test_kv_cache_by_hand():
     assert cache_bytes(p.with_(cache_dtype="bfloat16")) == cache_bytes(p) / 2
 
 
+def test_save_attention_keeps_the_blockwise_output_and_statistics_by_hand():
+    from hone.plan.activations import saved_activations
+    arch = PRESETS["smollm2-135m"]  # D 576, N 9, H 64, 30 blocks
+    full = PlanInput("sft", arch, rows=1, row_len=2048, head_len=2048, remat="full", scan=True)
+    kept = full.with_(remat="save_attention")
+    # 30 blocks x 2048 tokens x (576 fp32 inputs + 9 x 64 fp32 outputs + 9 x (4 + 1) bytes)
+    assert saved_activations(full)[0] == 30 * 2048 * 576 * 4
+    assert saved_activations(kept)[0] == 30 * 2048 * (576 * 4 + 576 * 4 + 9 * 5)
+    # rows within one block run dense attention, which names nothing: as full
+    short = dict(row_len=256, head_len=256)
+    assert saved_activations(kept.with_(**short)) == saved_activations(full.with_(**short))
+
+
 def test_fit_and_smallest_changes():
     p = PlanInput("sft", PRESETS["smollm2-135m"], rows=8, row_len=2048, head_len=2048)
     plan = make_plan(p)

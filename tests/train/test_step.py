@@ -103,28 +103,30 @@ def test_remat_policies_give_identical_gradients(policy):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(c))
 
 
-def test_pair_split_gives_each_micro_batch_whole_pairs():
-    import numpy as np
-    from hone.train.step import pair_split, row_split
-    p = 4  # pairs: rows 0..3 chosen, 4..7 rejected; row i pairs with row 4 + i
-    batch = {"tokens": np.arange(8)[:, None] * np.ones((1, 3), int), "pair_valid": np.arange(4)}
-    parts = pair_split(batch, 2)
-    assert parts["tokens"][:, :, 0].tolist() == [[0, 1, 4, 5], [2, 3, 6, 7]]
-    assert parts["pair_valid"].tolist() == [[0, 1], [2, 3]]
-    assert row_split(batch, 2)["tokens"][:, :, 0].tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    assert pair_split(batch, 1)["tokens"].shape == (1, 2 * p, 3)
+def test_save_attention_keeps_blockwise_attention_out_of_the_recomputation():
+    """Scanned blocks with blockwise attention (blocks of 4 over 16-token rows with padding):
+    under remat full each block's gradient runs attention's forward loop twice (forward, then
+    recomputed) beside its backward loop; under save_attention once, as without remat. The
+    gradients stay those of no remat."""
+    model = hone.load_model("tiny")
+    model.attention, model.attention_block, model.scan_layers = "blockwise", 4, True
+    b = batch()
 
+    def loss(m):
+        return sft_loss(m(b["tokens"], attention_mask=b["attention_mask"]), b["targets"],
+                        b["loss_mask"])[0]
 
-def test_evaluation_reads_the_first_eval_batches_in_order():
-    """train.eval_batches = N sums the first N held-out batches; 0 sums all of them."""
-    from hone.train.build import summed_eval
+    def loops(policy):
+        """While loops in the gradient's program (the scan's body is one block's) and the
+        gradient."""
+        model.remat = policy
+        graph, state = nnx.split(model)
+        jaxpr = jax.make_jaxpr(jax.grad(lambda s: loss(nnx.merge(graph, s))))(state)
+        return str(jaxpr).count(" while["), jax.tree.leaves(nnx.grad(loss)(model))
 
-    class Held:
-        def batches(self, max_batches=None):
-            return ({"x": np.float32(i + 1)} for i in range(5 if max_batches is None
-                                                            else min(5, max_batches)))
-
-    step = lambda params, frozen, batch, aux: {"sum": batch["x"], "batches": 1.0}  # noqa: E731
-    for max_batches, want in ((0, (15.0, 5.0)), (2, (3.0, 2.0)), (9, (15.0, 5.0))):
-        got = summed_eval(step, None, Held(), lambda t: t, max_batches=max_batches)(None)
-        assert (got["eval_sum"], got["eval_batches"]) == want
+    (plain, g_plain), (full, g_full), (kept, g_kept) = map(loops, ("none", "full",
+                                                                   "save_attention"))
+    assert (plain, full, kept) == (2, 3, 2)
+    for a, c, d in zip(g_plain, g_full, g_kept):
+        np.testing.assert_allclose(np.asarray(c), np.asarray(a), rtol=0, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(d), np.asarray(a), rtol=0, atol=1e-6)

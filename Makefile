@@ -43,7 +43,10 @@ demo: $(DEMO_STAMP)
 # (--xla_llvm_disable_expensive_passes) double a tiny training step's compile time for no
 # gain at these sizes (measured: the mesh-parity losses were bit-identical without them), and
 # XLA's backend optimization level 0 (--xla_backend_optimization_level) cuts the rest: the SFT
-# mesh-parity test 40 s -> 28 s, the whole suite 1262 s -> 1119 s on this machine. XLA's MLIR
+# mesh-parity test 40 s -> 28 s, the whole suite 1262 s -> 1119 s on this machine (level 1
+# compiles a tiny SFT step in twice the time, 3.1 s against 1.5, and its faster steps do not
+# pay for that: the suite 943 s at level 0, 1346 s at level 1, one machine and commit,
+# 2026-12-03). XLA's MLIR
 # fusion emitters for the CPU (--xla_cpu_use_fusion_emitters; off: the older elemental emitter
 # writes each fusion's loop) take most of what is left of a small program's compile: the tiny
 # SFT step 1.22 -> 0.43 s, the suite 1265 s -> 1028 s, the mesh-parity losses bit-identical.

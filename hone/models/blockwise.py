@@ -38,9 +38,9 @@ Design choices:
   once per query block. Query-major, XLA copied P and dS into the other layout on every visit
   (two tile-sized transposes). Only [H, M] and [H, bk] copies of q, dO and k are made, once,
   outside the loops. A causal fp32 row's gradients came out bit-identical to query-major's.
-  With the masked scores below, one SmolLM2 layer's forward and backward (medians of alternated runs) 970 -> 856 ms at 4k tokens,
-  3,933 -> 3,226 ms at 8k; a whole SFT step on one 8k row 173.2 -> 144.2 s under
-  save_attention (benchmarks/RESULTS.md, "Long rows").
+  With the masked scores below, one SmolLM2 layer's forward and backward (medians of
+  alternated runs) 970 -> 856 ms at 4k tokens, 3,933 -> 3,226 ms at 8k; a whole SFT step on
+  one 8k row 173.2 -> 144.2 s under save_attention (benchmarks/RESULTS.md, "Long rows").
 - Masked scores. The forward fills masked scores with -inf, so their exp is 0 without a
   second select (XLA otherwise wrote the tile again for each); the running maximum starts at
   the finite minimum dense uses, so a row with nothing visible yet gets exp(-inf) = 0, not NaN.
@@ -185,17 +185,21 @@ def _blocked(spec: MaskSpec, nq: int, nk: int) -> dict:
             | {f: cut(getattr(spec, f), nk) for f in _K_FIELDS})
 
 
+def _pair_mask(qv: dict, kv: dict, window: int | None) -> jax.Array:
+    """[B, bq, bk] from one query block's and one key block's vectors."""
+    return make_mask(qv["q_index"], kv["k_index"], kv["k_valid"], window, qv["q_segment"],
+                     kv["k_segment"], qv["q_branch"], kv["k_branch"])
+
+
 def _tile_mask(qv: dict, kv: dict, window: int | None) -> jax.Array:
-    """[B, 1, 1, bq, bk] from one query block's and one key block's vectors."""
-    m = make_mask(qv["q_index"], kv["k_index"], kv["k_valid"], window, qv["q_segment"],
-                  kv["k_segment"], qv["q_branch"], kv["k_branch"])
-    return m[:, None, None]
+    """The pair's mask for query-major scores, [B, 1, 1, bq, bk]."""
+    return _pair_mask(qv, kv, window)[:, None, None]
 
 
 def _tile_mask_t(qv: dict, kv: dict, window: int | None, groups: int) -> jax.Array:
-    """The tile's mask key-major, [B, 1, bk, G * bq]: keys by (head in group, query) rows."""
-    m = make_mask(qv["q_index"], kv["k_index"], kv["k_valid"], window, qv["q_segment"],
-                  kv["k_segment"], qv["q_branch"], kv["k_branch"]).swapaxes(1, 2)  # [B, bk, bq]
+    """The pair's mask for key-major scores, [B, 1, bk, G * bq]: keys by (head in group,
+    query) rows."""
+    m = _pair_mask(qv, kv, window).swapaxes(1, 2)  # [B, bk, bq]
     b, bk, bq = m.shape
     return jnp.broadcast_to(m[:, None, :, None, :], (b, 1, bk, groups, bq)).reshape(
         b, 1, bk, groups * bq)
@@ -206,12 +210,18 @@ def _key_block(vecs: dict, j: jax.Array) -> dict:
             for f in _K_FIELDS}
 
 
-def _scores(qi: jax.Array, kj: jax.Array, st: _Static) -> jax.Array:
-    """qi [B, K, G, bq, H], kj [B, K, bk, H] -> float32 (capped) scores [B, K, G, bq, bk]."""
-    x = jnp.einsum("BKGTH,BKSH->BKGTS", qi, kj, preferred_element_type=jnp.float32) * st.scale
+def _capped(x: jax.Array, st: _Static) -> jax.Array:
+    """Raw products q . k -> scaled and (if the model caps them) soft-capped scores."""
+    x = x * st.scale
     if st.softcap is not None:
         x = st.softcap * jnp.tanh(x / st.softcap)
     return x
+
+
+def _scores(qi: jax.Array, kj: jax.Array, st: _Static) -> jax.Array:
+    """qi [B, K, G, bq, H], kj [B, K, bk, H] -> float32 (capped) scores [B, K, G, bq, bk]."""
+    return _capped(jnp.einsum("BKGTH,BKSH->BKGTS", qi, kj, preferred_element_type=jnp.float32),
+                   st)
 
 
 def _forward(qb, kb, vb, vecs, order, count, st: _Static):
@@ -232,8 +242,7 @@ def _forward(qb, kb, vb, vecs, order, count, st: _Static):
             kj = jax.lax.dynamic_index_in_dim(kb, j, 0, False)
             vj = jax.lax.dynamic_index_in_dim(vb, j, 0, False)
             keep = _tile_mask(qv, _key_block(vecs, j), st.window)  # [B, 1, 1, bq, bk]
-            # Masked scores are -inf, so exp gives them 0 with no second select; the running
-            # maximum starts at the finite _MASKED, so a row with nothing kept yet stays finite.
+            # Masked scores -inf: "Masked scores" above.
             x = jnp.where(keep, _scores(qi, kj, st), -jnp.inf)  # [B, K, G, bq, bk]
             new_top = jnp.maximum(top, x.max(-1))
             p = jnp.exp(x - new_top[..., None])
@@ -294,9 +303,7 @@ def _attend_bwd(st: _Static, res, d_out):
             kj_t = jax.lax.dynamic_index_in_dim(k_t, j, 0, False)  # [B, K, H, bk]
             vj = jax.lax.dynamic_index_in_dim(vb, j, 0, False).astype(f32)
             keep = _tile_mask_t(qv, _key_block(vecs, j), st.window, g)  # [B, 1, bk, M]
-            x = jnp.einsum("BKSH,BKHM->BKSM", kj, qi_t) * st.scale
-            if st.softcap is not None:
-                x = st.softcap * jnp.tanh(x / st.softcap)
+            x = _capped(jnp.einsum("BKSH,BKHM->BKSM", kj, qi_t), st)  # [B, K, bk, M]
             p = jnp.where(keep, jnp.exp(x - lse_i), 0.0)  # [B, K, bk, M]
             dv_j = jnp.einsum("BKSM,BKMH->BKSH", p, do_i)
             dp = jnp.einsum("BKSH,BKHM->BKSM", vj, do_i_t)

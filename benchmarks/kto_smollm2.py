@@ -38,7 +38,7 @@ def pair_accuracy(model, tokenizer, beta: float, max_length: int) -> dict:
     from flax import nnx
 
     from hone.data.preference import PreferenceData
-    from hone.recipes.dpo import _sequence_logps
+    from hone.train.dpo_objective import sequence_logps
     from hone.train.reference import reference_model
 
     data = PreferenceData(EVAL, tokenizer, max_length=max_length, batch_size=8)
@@ -47,8 +47,8 @@ def pair_accuracy(model, tokenizer, beta: float, max_length: int) -> dict:
     @jax.jit
     def score(state, batch):  # summed completion log-probs [2B] of the policy and reference
         policy = nnx.merge(graphdef, state)
-        return (_sequence_logps(policy, batch)[0],
-                _sequence_logps(reference_model(policy, "adapters_off"), batch)[0])
+        return (sequence_logps(policy, batch)[0],
+                sequence_logps(reference_model(policy, "adapters_off"), batch)[0])
 
     right, margins = [], []
     for batch in data.batches():
@@ -72,7 +72,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="key=value overrides of both configs")
     args = parser.parse_args()
     from hone.config import DPOConfig, KTOConfig, load_config
-    from hone.models.loading import load_tokenizer
+    from hone.tokenizer import load_tokenizer
     from hone.recipes.dpo import run_dpo
     from hone.recipes.kto import run_kto
 

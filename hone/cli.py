@@ -92,15 +92,15 @@ def cmd_pipeline(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from hone.recipes.export import export_run
+    from hone.export import export_run
     out = export_run(args.run, args.out, args.format)
     print(f"exported {args.run} -> {out} ({args.format})")
     return 0
 
 
 def cmd_eval(args) -> int:
-    """perplexity, accuracy, pairs, compare: see hone/eval/commands.py."""
-    from hone.eval.commands import run_eval
+    """perplexity, accuracy, pairs, compare: see hone/eval/command.py."""
+    from hone.eval.command import run_eval
     return run_eval(args)
 
 
@@ -208,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", default=None, help="the folder to write (default RUN/report)")
     rep.set_defaults(func=cmd_report)
 
-    from hone.eval.commands import add_eval_parser
+    from hone.eval.command import add_eval_parser
     add_eval_parser(sub).set_defaults(func=cmd_eval)  # hone eval perplexity|accuracy|pairs|compare
 
     from hone.bench.command import DESCRIPTION as BENCH_DESCRIPTION, add_bench_arguments

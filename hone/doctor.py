@@ -2,7 +2,7 @@
 
 One report (a dict; `format_report` prints it): the JAX backend and its devices with their memory
 (the device's own allocator figures where JAX has them, the host's RAM for the CPU), which of
-hone's own kernels run here (the CPU decode kernels: hone/kernels/build.py decides), which
+hone's own kernels run here (the CPU decode kernels: hone/kernels/compiler.py decides), which
 attention path `model.attention: auto` takes on this backend (hone/models/attention.py's
 `attention_path`, asked for a short and a long row), and the installed versions against the
 tested set (requirements/lock.txt) and pyproject's ranges. It only reports: a mismatch is
@@ -117,7 +117,7 @@ def kernels() -> dict:
     """Whether the sampler's decode steps use hone's CPU kernels here, and why not if not."""
     import jax
 
-    from hone.kernels import build
+    from hone.kernels import compiler as build
     backend = jax.default_backend()
     if backend != "cpu":
         return {"cpu_decode_kernels": False,

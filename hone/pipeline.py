@@ -115,9 +115,9 @@ def resolved_yaml(pipe: PipelineConfig, planned: list[Planned]) -> str:
     """`<run_dir>/pipeline.yaml`: the pipeline as it ran, loadable as a pipeline file again."""
     import yaml
 
-    from hone.config.yaml_io import _Dumper  # quotes strings any YAML reader would misread
+    from hone.config.yaml_io import QuotingDumper  # quotes strings any YAML reader would misread
 
-    class Dumper(_Dumper):  # stages as indented blocks; short lists stay on one line
+    class Dumper(QuotingDumper):  # stages as indented blocks; short lists stay on one line
         pass
 
     Dumper.add_representer(list, lambda d, data: d.represent_sequence(
@@ -205,7 +205,7 @@ def _run_stage(p: Planned, log) -> None:
     """Train (or resume) the stage, export its model, then mark it done."""
     import jax
 
-    from hone.recipes.export import export_run
+    from hone.export import export_run
     from hone.train.loop import Interrupted
     run = recipe(p.stage.command)
     what = f"stage {p.stage.name!r} ({p.stage.command}, {p.run_dir})"

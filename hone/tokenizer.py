@@ -10,7 +10,7 @@ templates lives in `hone.chat_template`. Design choices:
   library's own, and `save()` is always a `tokenizer.json` that `transformers` reads unchanged.
 - BOS is added by the backend's post-processor, exactly where `tokenizers`' `encode(text).ids` adds it,
   so ids agree with the reference libraries without a second rule living here.
-- GGUF metadata is read by `hone.models.gguf_format.read_metadata`, hone's one GGUF parser, asking it
+- GGUF metadata is read by `hone.weights.gguf_format.read_metadata`, hone's one GGUF parser, asking it
   to decode only the two string arrays used here (tokens and merges); it needs well under a second for
   Gemma 3's 262k-token vocabulary, where `gguf.GGUFReader` needs about 10 s.
 - A GGUF "llama" (SentencePiece BPE) vocabulary becomes a `tokenizers` BPE whose merges are recovered
@@ -32,7 +32,8 @@ from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tok
 
 from hone.chat_template import render_chat
 from hone.errors import InputError
-from hone.models.gguf_format import read_metadata
+from hone.weights.gguf_format import read_metadata
+from hone.weights.shipped import SHIPPED_MODELS, shipped_gguf_path
 
 # Tokens that close a chat turn in common templates. One of them joins `eos_ids` when it is a special
 # token of the vocabulary and the chat template writes it (or there is no template to ask, as in
@@ -246,6 +247,23 @@ class Tokenizer:
 
 
 # ---- Hugging Face folder helpers ----------------------------------------------------------------------
+
+def load_tokenizer(source: str | Path):
+    """The hone.Tokenizer that belongs to a model source."""
+    src = str(source)
+    if src in SHIPPED_MODELS:
+        return Tokenizer.from_gguf(shipped_gguf_path(src))
+    if src in ("tiny", "tiny-moe"):  # the test presets: 264 = 256 bytes + 8 specials
+        return Tokenizer.byte_level()
+    path = Path(src)
+    if path.suffix == ".gguf":
+        return Tokenizer.from_gguf(path)
+    if path.is_dir():
+        return Tokenizer.from_hf_folder(path)
+    raise InputError("no tokenizer for this source: give a Hugging Face folder with "
+                     "tokenizer.json, a .gguf file, 'tiny', 'tiny-moe' or a shipped model",
+                     path=src, key="model.source")
+
 
 def _read_json(file: Path) -> dict[str, Any]:
     """The object in `file`, or {} when the file is absent."""

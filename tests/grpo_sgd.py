@@ -7,8 +7,8 @@ from flax import nnx
 from hone.losses.rl import policy_loss_denominator
 from hone.models.transformer import Transformer
 from hone.recipes import ppo
-from hone.recipes.grpo import make_grpo_loss, make_scoring
 from hone.rl.critic import build_actor_critic
+from hone.rl.grpo_objective import make_grpo_loss, make_scoring
 from hone.rl.step import make_rl_step
 from hone.train.state import flatten, new_train_state, split_model
 

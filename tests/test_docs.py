@@ -78,14 +78,14 @@ def commands() -> set[str]:
     cli = (ROOT / "hone" / "cli.py").read_text()
     names = set(re.findall(r'_add_train_command\(sub, "(\w+)"', cli))
     names |= set(re.findall(r'sub\.add_parser\("(\w+)"', cli))
-    names |= {"eval"}  # registered by hone/eval/commands.py's add_eval_parser
+    names |= {"eval"}  # registered by hone/eval/command.py's add_eval_parser
     assert {"sft", "dpo", "reward", "grpo", "ppo", "distill", "export", "report"} <= names
     return names
 
 
 def cli_flags() -> set[str]:
     text = "".join((ROOT / "hone" / f).read_text()
-                   for f in ("cli.py", "eval/commands.py", "bench/command.py", "plan/command.py"))
+                   for f in ("cli.py", "eval/command.py", "bench/command.py", "plan/command.py"))
     return set(re.findall(r'add_argument\(\s*"(--[\w-]+)"', text))
 
 

@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
 from hone.errors import InputError
-from hone.models.gguf_format import read_metadata
 from hone.tokenizer import Tokenizer
+from hone.weights.gguf_format import read_metadata
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()

@@ -16,9 +16,9 @@ import functools
 from hone.agents.environment import Environment, ToolEnvironment
 from hone.agents.parsers import parser_from_name
 from hone.agents.tools import tool_schema
-from hone.datasets.arithmetic import is_correct
 from hone.errors import InputError
-from hone.rl.rewards import load_function
+from hone.grading import is_correct
+from hone.plugins import load_function
 
 
 class AnswerReward:

@@ -110,7 +110,7 @@ def parser_from_name(name: str, key: str = "agent.parser"):
     if ":" not in name:
         raise InputError(f"unknown parser {name!r}; built-in: {', '.join(PARSERS)}, or a class "
                          "'package.module:Name'", key=key)
-    from hone.rl.rewards import load_function
+    from hone.plugins import load_function
     obj = load_function(name, key=key)
     if isinstance(obj, type):
         obj = obj()

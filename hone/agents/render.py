@@ -17,14 +17,14 @@ tokens where its reply is).
 
 Tools: a template that mentions `tools` gets the environment's JSON schemas as its `tools`
 argument; for one that does not, they are described in the system message
-(`hone.data.tool_messages.tools_system_text`, the text SFT data gets too).
+(`hone.agents.tool_messages.tools_system_text`, the text SFT data gets too).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from hone.data.tool_messages import for_template, takes_tools
+from hone.agents.tool_messages import for_template, takes_tools
 from hone.errors import InputError
 
 
@@ -37,7 +37,7 @@ def with_tools(messages: list[dict], tools: list[dict] | None, native: bool) -> 
                                                                                   dict[str, Any]]:
     """(messages, extra template arguments) that show the model its tools: the `tools` argument
     when the template takes it (`native`), else a description in the system message (the text
-    SFT data gets: `hone.data.tool_messages.tools_system_text`)."""
+    SFT data gets: `hone.agents.tool_messages.tools_system_text`)."""
     if not tools:
         return list(messages), {}
     if native:

@@ -19,7 +19,7 @@ import re
 
 from hone.agents.calculator import calculator
 from hone.agents.environment import Environment, Step, ToolEnvironment
-from hone.datasets.arithmetic import is_correct
+from hone.grading import is_correct
 
 # The tool itself is shown by the rollout (hone.agents.render.with_tools): as the template's
 # `tools` argument, or for templates without tool support as describe_tools text appended here.

@@ -9,7 +9,7 @@ iteration, kl_kind k1, loss_agg seq-mean-token-mean; AdamW (lr 1e-4 constant) af
 clipping at 1.0. Reward: the share of even token ids in each completion, so advantages are
 non-zero.
 
-Wired as hone/recipes/grpo.py's `run_grpo` wires it: `build_model`, `split_model`,
+Wired as hone/recipes/grpo.py's `run_grpo` wires it (its objective from hone/rl/grpo_objective.py): `build_model`, `split_model`,
 `rl_optimizer`, `new_train_state`, the reference aux (a copy of the parameters when
 `reference_mode` is "copy", i.e. beta > 0) and `make_rl_step(..., make_grpo_loss(cfg), ...,
 score=make_scoring(...))`: one jitted, state-donating program running the reference forward,
@@ -78,7 +78,7 @@ def grpo_row(model: str = "smollm2-135m", prompts: int = 2, generations: int = 4
     ref_s), extra their medians (first dropped), beta / ref_in_update and the remat (train.remat)
     the policy was built with."""
     from hone.losses.rl import grpo_advantages, policy_loss_denominator
-    from hone.recipes.grpo import make_grpo_loss, make_scoring
+    from hone.rl.grpo_objective import make_grpo_loss, make_scoring
     from hone.rl.rollout import pack_rows, pack_tree_rows, sample, step_seed, tree_layout
     from hone.rl.step import make_rl_step
     from hone.train.build import build_model

@@ -104,7 +104,7 @@ def train_batch(rng: np.random.Generator, b: int, t: int, vocab: int) -> dict:
 def sft_step(net, seed: int = 0, precision: str = "fp32"):
     """(jitted SFT step, its train state, the frozen state) for a built model with every
     parameter trained: the step `hone sft` runs, with the rows' optimizer (OPTIM)."""
-    from hone.recipes.sft import sft_step_loss, target_tokens
+    from hone.train.sft_objective import sft_step_loss, target_tokens
     from hone.train.optimizer import build_optimizer
     from hone.train.state import new_train_state, split_model, train_params
     from hone.train.step import make_train_step
@@ -121,18 +121,18 @@ def train_row(row: str, model: str = "smollm2-135m", batch: int = 4, seq: int = 
               log: Callable = quiet) -> Measured:
     """One training step, row "sft" (every parameter) or "lora" (adapters only); `remat` is
     the blocks' gradient checkpointing (train.remat's settings)."""
-    import hone
     from hone.config.schema import ModelSection, TrainSection
     from hone.models.lora import LoRAParam, apply_lora
     from hone.models.scan_layers import scan_setting
-    from hone.recipes.sft import sft_step_loss, target_tokens
+    from hone.train.sft_objective import sft_step_loss, target_tokens
     from hone.train.optimizer import build_optimizer
     from hone.train.state import flatten, new_train_state, split_model, train_params
     from hone.train.step import make_train_step
+    from hone.weights.loading import load_model
 
     assert row in ("sft", "lora"), row
     log(f"{row}: building {model}, batch {batch} x seq {seq}, {precision}, remat {remat}")
-    net = hone.load_model(model, seed=seed)
+    net = load_model(model, seed=seed)
     assert_fp32(net)
     # As build_model sets them from the config (train.remat, model.attention, train.head_chunk;
     # the last two at their defaults): static, so in the step's graphdef. Without head_chunk the
@@ -204,7 +204,7 @@ def dpo_row(model: str = "smollm2-135m", pairs: int = 4, prompt_len: int = 64,
     from hone.config.dpo_schema import DPOSection
     from hone.config.schema import ModelSection, TrainSection
     from hone.losses.preference import pair_count
-    from hone.recipes.dpo import make_dpo_loss
+    from hone.train.dpo_objective import make_dpo_loss
     from hone.train.build import build_model, compile_steps
 
     seq = prompt_len + completion_len
@@ -248,11 +248,12 @@ def decode_row(model="smollm2-135m", batch: int = 8, prompt_len: int = 32,
     """Greedy decode of M new tokens for B random P-token prompts. `model` is a source for
     `hone.load_model` or an already loaded model (to time several batch sizes on one);
     precision bf16 loads the weights in bfloat16."""
-    import hone
+    from hone.sampling.generate import generate
+    from hone.weights.loading import load_model
     if isinstance(model, str):
         log(f"decode: building {model}, {precision}")
-        model = hone.load_model(model, dtype="bfloat16" if precision == "bf16" else "float32",
-                                seed=seed)
+        model = load_model(model, dtype="bfloat16" if precision == "bf16" else "float32",
+                           seed=seed)
     if precision == "fp32":
         assert_fp32(model)
     cfg = model.config
@@ -260,8 +261,8 @@ def decode_row(model="smollm2-135m", batch: int = 8, prompt_len: int = 32,
         3, cfg.vocab_size, size=(batch, prompt_len)).tolist()
 
     def run():
-        return hone.generate(model, None, prompts, max_new_tokens=new_tokens, temperature=0.0,
-                             eos_ids=())
+        return generate(model, None, prompts, max_new_tokens=new_tokens, temperature=0.0,
+                        eos_ids=())
 
     def check(out):
         lengths = {len(c.tokens) for c in out}

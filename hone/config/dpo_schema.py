@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from hone.config.rl_schema import RewardsSection, RolloutKeys
-from hone.config.schema import DataSection, TrainConfig, _preference_data
+from hone.config.schema import DataSection, TrainConfig, preference_data
 from hone.errors import InputError
 
 # Losses online DPO trains with: those of hone.losses.dpo_loss (all read a reference).
@@ -66,7 +66,7 @@ class DPOConfig(TrainConfig):
 
     # Preference pairs: `prompt` + `chosen` + `rejected`; with dpo.online, prompts (+ the
     # columns the judge reads, e.g. `answer`).
-    data: DataSection = field(default_factory=_preference_data)
+    data: DataSection = field(default_factory=preference_data)
     # The preference loss and its reference model; online DPO's sampling.
     dpo: DPOSection = field(default_factory=DPOSection)
     # Online DPO's judge: the reward functions (and reward model) that rank the samples, as

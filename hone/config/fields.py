@@ -3,7 +3,7 @@
 This file owns what a schema allows: the fields and resolved types of a config dataclass, the
 conversion of a YAML value to a field's type, the single-value rules, and the wording of "bad
 value" and "unknown key" messages. It knows no particular schema (`hone.config.schema` declares
-the sections) and no file or override (`hone.config.loader` adds where a value came from).
+the sections) and no file or override (`hone.config.load` adds where a value came from).
 Design choices:
 
 - Field types are `bool`, `int`, `float`, `str`, `tuple[X, ...]`, a nested dataclass (a section)

@@ -1,6 +1,6 @@
 """The configuration of the training commands: one frozen dataclass per YAML section.
 
-This file owns the names, types, defaults and rules of every config key (`hone.config.loader` reads
+This file owns the names, types, defaults and rules of every config key (`hone.config.load` reads
 files into these classes). Design choices:
 
 - Every field is defaulted, so an empty file is a valid config and a test can build
@@ -307,7 +307,7 @@ class SFTConfig(TrainConfig):
     """`hone sft`: supervised fine-tuning. No keys beyond TrainConfig's."""
 
 
-def _preference_data() -> DataSection:
+def preference_data() -> DataSection:
     return DataSection(path="builtin:arithmetic-pref", eval_path="builtin:arithmetic-pref-eval")
 
 
@@ -328,6 +328,6 @@ class RewardConfig(TrainConfig):
     """`hone reward`: a scalar reward model trained on preference pairs."""
 
     # Preference pairs: `prompt` + `chosen` + `rejected`.
-    data: DataSection = field(default_factory=_preference_data)
+    data: DataSection = field(default_factory=preference_data)
     # The Bradley-Terry loss's options.
     reward: RewardSection = field(default_factory=RewardSection)

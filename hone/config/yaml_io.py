@@ -1,7 +1,7 @@
 """Config YAML in and out: the YAML dialect, reading a config file, writing a resolved config.
 
 This file owns the text side of configs and knows no schema (`hone.config.fields` walks the
-dataclasses, `hone.config.loader` builds them). Design choices:
+dataclasses, `hone.config.load` builds them). Design choices:
 
 - YAML is read by a SafeLoader (never an unsafe one) restricted to the YAML 1.2 core scalars: `3e-4`
   is a float (PyYAML's YAML 1.1 rules read it as a string), only true/false are booleans (`yes`,
@@ -107,14 +107,14 @@ def _construct_int(loader, node) -> int:
 _Loader.add_constructor(_INT, _construct_int)
 
 
-class _Dumper(yaml.SafeDumper):
+class QuotingDumper(yaml.SafeDumper):
     """SafeDumper that quotes strings either YAML 1.1 or the core rules above would misread."""
 
     yaml_implicit_resolvers = _resolvers(keep_yaml11=True)
 
 
 # Sections as indented blocks, lists on one line: `sinks: [console, jsonl]`.
-_Dumper.add_representer(
+QuotingDumper.add_representer(
     list, lambda dumper, data: dumper.represent_sequence("tag:yaml.org,2002:seq", data,
                                                          flow_style=True))
 
@@ -179,7 +179,7 @@ def dump_yaml(cfg: Any, path: str | os.PathLike | None = None) -> str:
 
     `load_config(type(cfg), path)` gives back an equal config.
     """
-    text = yaml.dump(to_dict(cfg), Dumper=_Dumper, sort_keys=False, default_flow_style=False,
+    text = yaml.dump(to_dict(cfg), Dumper=QuotingDumper, sort_keys=False, default_flow_style=False,
                      allow_unicode=True, width=100)
     if path is not None:
         target = Path(path)

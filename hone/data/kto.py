@@ -37,8 +37,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from hone.data.loader import check_batch_size, load_records
-from hone.data.preference import (FORMATS, Pair, PairStats, PreferenceData, _reply_text, _split,
-                                  detect_pair_format, pair_rows, tokenize_pair)
+from hone.data.preference import (FORMATS, Pair, PairStats, PreferenceData, detect_pair_format,
+                                  pair_rows, reply_text, split_reply, tokenize_pair)
 from hone.data.sft import Where, check_options, parse_messages
 from hone.errors import InputError
 
@@ -77,10 +77,10 @@ def tokenize_example(record: dict, tokenizer, *, format: str = "auto", max_lengt
         if getattr(tokenizer, "chat_template", None) is None:
             raise where.error("prompt", "a list of messages needs a tokenizer with a chat template")
         prompt = parse_messages(prompt, where, "prompt")
-        completion = _reply_text(completion, where, "completion")
+        completion = reply_text(completion, where, "completion")
     else:
         raise InputError(f"must be one of {', '.join(FORMATS)}; got {format!r}", key="data.format")
-    split = _split(prompt, completion, tokenizer, where)
+    split = split_reply(prompt, completion, tokenizer, where)
     if split is None or not split[0]:
         stats.skipped_empty += 1
         return None

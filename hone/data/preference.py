@@ -65,9 +65,9 @@ import numpy as np
 
 from hone.data.collate import KEYS, empty_rows, pad_rows
 from hone.data.loader import TrainIterator, check_batch_size, load_records, ordered_batches
-from hone.data.shared_prefix import ROW_KEYS, SCORE_KEYS, empty_shared, shared_rows
 from hone.data.sft import (Example, Stats, Where, chat_tokens, check_options, parse_messages,
                            prompt_completion_tokens)
+from hone.data.shared_prefix import ROW_KEYS, SCORE_KEYS, empty_shared, shared_rows
 from hone.errors import InputError
 
 FORMATS = ("auto", "text", "conversational")
@@ -120,11 +120,11 @@ def tokenize_pair(record: dict, tokenizer, *, format: str = "auto", max_length: 
         if getattr(tokenizer, "chat_template", None) is None:
             raise where.error("prompt", "a list of messages needs a tokenizer with a chat template")
         prompt = parse_messages(prompt, where, "prompt")
-        replies = [_reply_text(reply, where, side) for reply, side in zip(replies, SIDES)]
+        replies = [reply_text(reply, where, side) for reply, side in zip(replies, SIDES)]
     else:
         raise InputError(f"must be one of {', '.join(FORMATS)}; got {format!r}", key="data.format")
 
-    split = [_split(prompt, reply, tokenizer, where) for reply in replies]
+    split = [split_reply(prompt, reply, tokenizer, where) for reply in replies]
     if any(s is None for s in split):
         stats.skipped_empty += 1
         return None
@@ -142,7 +142,7 @@ def tokenize_pair(record: dict, tokenizer, *, format: str = "auto", max_length: 
                 getattr(tokenizer, "bos_id", None), stats)
 
 
-def _reply_text(value: Any, where: Where, side: str) -> str:
+def reply_text(value: Any, where: Where, side: str) -> str:
     """A conversational completion's text: a string, or the content of one assistant message."""
     if isinstance(value, str):
         return value
@@ -154,7 +154,7 @@ def _reply_text(value: Any, where: Where, side: str) -> str:
     return messages[0]["content"]
 
 
-def _split(prompt: str | list[dict], reply: str, tokenizer,
+def split_reply(prompt: str | list[dict], reply: str, tokenizer,
            where: Where) -> tuple[list[int], list[int]] | None:
     """(prompt ids, completion ids) of one side, or None when the reply is empty."""
     if isinstance(prompt, str) and getattr(tokenizer, "chat_template", None) is None:

@@ -10,7 +10,7 @@ Record formats (`format="auto"` looks at the fields):
   tokenizer's chat template. `loss_on="completion"` trains on every assistant message's content
   plus the end-of-turn token that closes it (the first of the tokenizer's `eos_ids` after the
   content; the whole closing text if the template writes none), so the model learns to stop.
-  Tool use (`hone.data.tool_messages`): `tool` messages, assistant messages with `tool_calls`
+  Tool use (`hone.agents.tool_messages`): `tool` messages, assistant messages with `tool_calls`
   (content may then be empty or missing) and the record's `tools`. Tool results get no loss; a
   tool-call turn is trained like any assistant turn, as the template writes it (its own tool-call
   format, or `tool_calls_as_text` in the content for a template without one).
@@ -57,9 +57,9 @@ from typing import Any
 
 import numpy as np
 
-from hone.chat_template import ChatTemplateError
-from hone.data.tool_messages import (check_tool_calls, check_tools, for_template,
+from hone.agents.tool_messages import (check_tool_calls, check_tools, for_template,
                                      refused_tool_message)
+from hone.chat_template import ChatTemplateError
 from hone.errors import InputError
 from hone.sampling.generate import encode_prompt
 
@@ -67,7 +67,7 @@ FORMATS = ("auto", "messages", "prompt_completion", "text")
 LOSS_ON = ("completion", "all")
 OVERLONG = ("truncate", "drop")
 ROLES = ("system", "user", "assistant")
-TOOL_ROLES = ROLES + ("tool",)  # SFT records may carry tool results (hone.data.tool_messages)
+TOOL_ROLES = ROLES + ("tool",)  # SFT records may carry tool results (hone.agents.tool_messages)
 
 
 @dataclass(frozen=True)
@@ -307,7 +307,7 @@ def _as_conversation(prompt: list, completion: Any, where: Where) -> tuple[list[
 def parse_messages(value: Any, where: Where, name: str, tools: bool = False) -> list[dict]:
     """`value` checked to be a non-empty list of {role, content} messages (errors name `name`).
     With `tools`, also `tool` messages and assistant `tool_calls` (checked, arguments parsed to
-    objects; content may then be missing and reads ""), as `hone.data.tool_messages` describes."""
+    objects; content may then be missing and reads ""), as `hone.agents.tool_messages` describes."""
     if not isinstance(value, list) or not value:
         raise where.error(name, f"must be a non-empty list of messages, got {_kind(value)}")
     roles = TOOL_ROLES if tools else ROLES

@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Callable
 
 from hone.datasets import arithmetic as _arithmetic
-from hone.datasets import calculator as _calculator
+from hone.datasets import calculator_agent as _calculator
 from hone.datasets import guess as _guess
-from hone.datasets.arithmetic import extract_answer, is_correct
+from hone.grading import extract_answer, is_correct  # where they were first, kept for callers
 
 BUILTIN: dict[str, Callable[[], list[dict]]] = {
     "arithmetic": _arithmetic.arithmetic,

@@ -9,8 +9,8 @@ Design choices:
 - Held out by arithmetic fact, not only by wording: each number pair `(op, a, b)` belongs either
   to the training split or to the evaluation split (a fixed hash decides), so an eval question is
   never one the model saw in training, even under another template.
-- Answers are short and always end the same way, "... The answer is N.", which `extract_answer`
-  reads back; RL rewards and eval accuracy use `is_correct`.
+- Answers are short and always end the same way, "... The answer is N.", which
+  `hone.grading.extract_answer` reads back; RL rewards and eval accuracy use `is_correct`.
 - Preference pairs reject a plausible mistake: an off-by-a-little result or the wrong operation,
   written in exactly the format of the correct answer so only the arithmetic differs.
 """
@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import random
-import re
 from dataclasses import dataclass
 
 # (name, pronoun) pairs the templates draw from.
@@ -167,35 +166,3 @@ def arithmetic_pref() -> list[dict]:
 
 def arithmetic_pref_eval() -> list[dict]:
     return _pref("eval")
-
-
-# ---- reading answers back ------------------------------------------------------------------
-
-_NUMBER = r"-?\d[\d,]*(?:\.\d+)?"
-_FINAL = re.compile(r"answer\s+is\s*:?\s*\$?(" + _NUMBER + ")", re.IGNORECASE)
-_ANY = re.compile(_NUMBER)
-
-
-def _normalize(number: str) -> str:
-    """'1,200' -> '1200', '19.0' -> '19', '-0' -> '0'; other text is returned stripped."""
-    text = number.strip().replace(",", "")
-    try:
-        value = float(text)
-    except ValueError:
-        return text
-    return str(int(value)) if value.is_integer() else repr(value)
-
-
-def extract_answer(text: str) -> str | None:
-    """The final answer in `text`: the last "The answer is N", else the last number; or None."""
-    finals = _FINAL.findall(text)
-    if finals:
-        return _normalize(finals[-1])
-    numbers = _ANY.findall(text)
-    return _normalize(numbers[-1]) if numbers else None
-
-
-def is_correct(text: str, answer: str | int) -> bool:
-    """Whether the answer extracted from `text` equals `answer` as a number."""
-    found = extract_answer(text)
-    return found is not None and found == _normalize(str(answer))

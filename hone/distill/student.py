@@ -22,10 +22,10 @@ from flax import nnx
 
 from hone.errors import InputError
 from hone.models.linear import Linear
-from hone.models.loading import load_model
 from hone.models.transformer import Transformer
 from hone.train.build import prepare_for_training
 from hone.train.state import also_train
+from hone.weights.loading import load_model
 
 
 class DistillStudent(nnx.Module):

@@ -2,7 +2,7 @@
 reward-model pairwise accuracy, and the win rate of one model over another under a reward model.
 
 Library functions take loaded models (see `hone.eval.models` to load any source, run folders
-included); `hone.eval.commands` is the command line.
+included); `hone.eval.command` is the command line.
 """
 
 from hone.eval.accuracy import AccuracyReport, accuracy, majority_answer, pass_at_k

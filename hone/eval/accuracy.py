@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from math import comb
 from typing import Callable
 
-from hone.datasets.arithmetic import extract_answer, is_correct
 from hone.errors import InputError
+from hone.grading import extract_answer, is_correct
 
 
 @dataclass

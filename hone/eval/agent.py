@@ -3,7 +3,7 @@ record, with the environment, tools and limits of the config's `agent:` section.
 
 Design choices:
 - The episodes are played exactly as agentic RL plays its held-out evaluation
-  (`hone.agents.collect.AgentRollouts.play` at temperature 0, the config's turn and token limits,
+  (`hone.rl.episode_collect.AgentRollouts.play` at temperature 0, the config's turn and token limits,
   the environment from `hone.agents.factory.environment_factory`), so a number printed here is
   the number a run's `eval_accuracy` would log for the same weights and records.
 - Accuracy is the final reply checked against the record's answer (`rewards.answer_column`, by
@@ -55,9 +55,9 @@ def agent_config(path: str):
 def agent_accuracy(model, tokenizer, cfg, records: list[dict], *, batch_size: int = 32,
                    seed: int = 0, log=None) -> AgentReport:
     """Play one greedy episode of each record with `cfg`'s agent section and score them."""
-    from hone.agents.collect import AgentRollouts, final_reply
+    from hone.rl.episode_collect import AgentRollouts, final_reply
     from hone.agents.factory import environment_factory
-    from hone.datasets.arithmetic import is_correct
+    from hone.grading import is_correct
     if batch_size < 1:
         raise InputError(f"must be >= 1, got {batch_size}", key="--batch-size")
     section = getattr(cfg, cfg.SECTION)

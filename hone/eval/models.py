@@ -2,7 +2,7 @@
 
 A policy source is anything `hone.load_model` takes (a preset, a Hugging Face folder, a .gguf
 file) or a run folder (`config.yaml` + `checkpoints/`: its newest checkpoint, through
-`hone.recipes.export.load_run_model`). A reward-model source is a folder written by
+`hone.export.load_run_model`). A reward-model source is a folder written by
 `hone export` of a reward run (or transformers' sequence-classification folder), or the reward
 run folder itself. A load that fails becomes one InputError naming the flag to change.
 """
@@ -29,12 +29,13 @@ def is_run_folder(source: str | Path) -> bool:
 
 def load_policy(source: str | Path, dtype: str = "float32", flag: str = "--model"):
     """(Transformer, tokenizer) of a policy source; a run folder keeps its own dtype."""
-    from hone.models.loading import load_model, load_tokenizer
+    from hone.tokenizer import load_tokenizer
+    from hone.weights.loading import load_model
     from hone.models.reward import RewardModel
     run = is_run_folder(source)
     try:
         if run:
-            from hone.recipes.export import load_run_model
+            from hone.export import load_run_model
             model, tokenizer, _ = load_run_model(source)
         else:
             model, tokenizer = load_model(source, dtype=dtype), load_tokenizer(source)
@@ -51,9 +52,9 @@ def load_policy(source: str | Path, dtype: str = "float32", flag: str = "--model
 
 def load_reward(source: str | Path, flag: str = "--reward-model"):
     """(RewardModel, tokenizer) of a reward-model source."""
-    from hone.models.loading import load_tokenizer
-    from hone.models.reward import load_reward_model
-    from hone.recipes.export import load_run_model
+    from hone.tokenizer import load_tokenizer
+    from hone.weights.hf_reward import load_reward_model
+    from hone.export import load_run_model
     run = check_reward_source(source, flag)
     with _reward_errors(source, flag, run):
         if run:
@@ -68,7 +69,7 @@ def reward_scorer(source: str | Path, *, batch_size: int = 16, max_length: int |
     reward-model source: texts in, one float each out. A run folder is exported to a temporary
     folder first, since the scorer reads an exported folder (every tensor is copied into memory
     on load, so the folder can go right after)."""
-    from hone.recipes.export import export_run
+    from hone.export import export_run
     from hone.rl.reward_model_scorer import RewardModelScorer
     run = check_reward_source(source, flag)
     with _reward_errors(source, flag, run):

@@ -3,7 +3,7 @@
 Design choices:
 - The records are read and tokenized exactly as SFT reads its held-out set (`hone.data.loader.
   SFTData` with `loss_on="completion"`), and scored by SFT's own eval loss (`sft_step_loss`
-  under `make_eval_step`, summed by `summed_eval`, averaged by `eval_means`). So the number is
+  under `make_eval_step`, summed by `summed_eval`, averaged by `sft_eval_means`). So the number is
   the `eval_loss` / `eval_ppl` a `hone sft` run logs on the same data, and what is scored
   follows the record format: `text` records score every token (and the EOS that SFT appends),
   `messages` and `prompt` + `completion` records score only the completion tokens.
@@ -49,7 +49,7 @@ def perplexity(model, tokenizer, path: str, *, records: list[dict] | None = None
     from hone.data.collate import empty_rows
     from hone.data.loader import SFTData, ordered_batches
     from hone.train.build import summed_eval
-    from hone.recipes.sft import eval_means, sft_step_loss
+    from hone.train.sft_objective import sft_eval_means, sft_step_loss
     from hone.sampling.generate import bucket
     from hone.train.state import flatten, split_model
     from hone.train.step import make_eval_step
@@ -72,7 +72,7 @@ def perplexity(model, tokenizer, path: str, *, records: list[dict] | None = None
 
     graphdef, params, frozen = split_model(model, nnx.Param)
     eval_step = make_eval_step(graphdef, params, sft_step_loss)
-    sums = summed_eval(eval_step, frozen, trimmed, means=lambda t: {**t, **eval_means(t)})
+    sums = summed_eval(eval_step, frozen, trimmed, means=lambda t: {**t, **sft_eval_means(t)})
     result = sums(flatten(params))
     return PerplexityReport(
         nll=float(result["eval_loss"]), perplexity=float(result["eval_ppl"]),

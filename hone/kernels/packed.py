@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hone.kernels.build import library, panel_width
+from hone.kernels.compiler import library, panel_width
 
 
 def usable(tree) -> bool:

@@ -20,7 +20,7 @@
 // gate and up panels packed in pairs: each pair is combined while its tiles are still in cache,
 // instead of two products and an elementwise pass over their outputs.
 //
-// Built by hone/kernels/build.py with -march=native for the machine it runs on.
+// Built by hone/kernels/compiler.py with -march=native for the machine it runs on.
 
 #include <cstring>
 #include <string>

@@ -32,3 +32,35 @@ def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
     """Mean of x over positions where mask is 1 (0 when the mask is empty)."""
     mask = mask.astype(jnp.float32)
     return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+# ---- argument checks and dtype rules shared by the loss modules ------------------------
+
+def promote(*xs) -> tuple[jax.Array, ...]:
+    """The inputs as arrays of one floating dtype, at least float32."""
+    xs = [jnp.asarray(x) for x in xs]
+    dtype = jnp.promote_types(jnp.result_type(*xs), jnp.float32)
+    return tuple(x.astype(dtype) for x in xs)
+
+
+def check_positive(name: str, value) -> None:
+    """A ValueError unless a plain number is > 0."""
+    # A traced value (a beta schedule inside jit) cannot be checked here, and need not be.
+    if isinstance(value, (int, float)) and not value > 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+
+
+def check_choice(fn: str, name: str, value, choices: tuple[str, ...]) -> None:
+    """A ValueError naming the function, the argument and the choices for an unknown setting."""
+    if value not in choices:
+        raise ValueError(f"{fn}: {name} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def is_number(x) -> bool:
+    """A Python int or float (not a bool, not a traced array: those are checked elsewhere)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def stopped_sums(dtype, **values: jax.Array) -> dict:
+    """Each value summed, in `dtype`, outside the gradient (metrics that a step adds up)."""
+    return {k: jax.lax.stop_gradient(jnp.sum(v).astype(dtype)) for k, v in values.items()}

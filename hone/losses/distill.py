@@ -22,8 +22,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from hone.losses.preference import _promote
-from hone.losses.rl import _check_choice, _is_number, _sums, policy_loss_denominator
+from hone.losses.common import check_choice, is_number, promote, stopped_sums
+from hone.losses.rl import policy_loss_denominator
 
 DISTILL_KINDS = ("forward_kl", "reverse_kl", "jsd")
 POOLS = ("mean", "last", "none")
@@ -45,9 +45,9 @@ def _jsd(log_t: jax.Array, log_s: jax.Array, beta) -> jax.Array:
     At β = 0 and 1 the mixture collapses and TRL switches to KL(t‖s) and KL(s‖t) (forward and
     reverse KL); so does this, when β is a Python number. A traced β must lie in (0, 1).
     """
-    if _is_number(beta) and beta == 0:
+    if is_number(beta) and beta == 0:
         return _kl(log_t, log_s)
-    if _is_number(beta) and beta == 1:
+    if is_number(beta) and beta == 1:
         return _kl(log_s, log_t)
     beta = jnp.asarray(beta, log_t.dtype)
     log_m = jnp.logaddexp(log_s + jnp.log1p(-beta), log_t + jnp.log(beta))  # [..., V]
@@ -117,29 +117,29 @@ def distill_token_terms(student_logits: jax.Array, teacher_logits: jax.Array | N
     exactly as distill_loss does. Arguments as distill_loss's.
     """
     fn = "distill_loss"
-    _check_choice(fn, "kind", kind, DISTILL_KINDS)
+    check_choice(fn, "kind", kind, DISTILL_KINDS)
     if (teacher_logits is None) == (teacher_topk is None):
         raise ValueError(f"{fn}: give exactly one of teacher_logits and teacher_topk")
-    if _is_number(temperature) and not temperature > 0:
+    if is_number(temperature) and not temperature > 0:
         raise ValueError(f"{fn}: temperature must be > 0, got {temperature!r}")
-    if kind == "jsd" and _is_number(beta) and not 0 <= beta <= 1:
+    if kind == "jsd" and is_number(beta) and not 0 <= beta <= 1:
         raise ValueError(f"{fn}: beta must be in [0, 1], got {beta!r}")
     if (alpha is None) != (targets is None):
         raise ValueError(f"{fn}: alpha and targets go together (alpha mixes in the cross-entropy "
                          f"on targets); got alpha={alpha!r} and targets "
                          f"{'None' if targets is None else 'given'}")
-    if _is_number(alpha) and not 0 <= alpha <= 1:
+    if is_number(alpha) and not 0 <= alpha <= 1:
         raise ValueError(f"{fn}: alpha must be in [0, 1], got {alpha!r}")
 
     if teacher_topk is not None:
         values, idx = teacher_topk
-        s, t = _promote(student_logits, values)
+        s, t = promote(student_logits, values)
         idx = jnp.asarray(idx).astype(jnp.int32)
         if t.shape != idx.shape or t.shape[:-1] != s.shape[:-1] or t.shape[-1] > s.shape[-1]:
             raise ValueError(f"{fn}: teacher_topk values {t.shape} and indices {idx.shape} must "
                              f"be [B, T, K] with K <= V for student logits {s.shape}")
     else:
-        s, t = _promote(student_logits, teacher_logits)
+        s, t = promote(student_logits, teacher_logits)
         if s.shape != t.shape:
             raise ValueError(f"{fn}: student {s.shape} and teacher {t.shape} logits differ")
     keep = jnp.asarray(mask).astype(bool)  # [B, T]
@@ -188,7 +188,7 @@ def distill_from_terms(terms: dict, denominator: jax.Array | float | None = None
     loss = jnp.sum(terms["loss"]) / denominator
     sums = {("tokens" if k == "tokens" else f"{k}_sum"): v for k, v in terms.items()
             if k != "loss"}
-    return loss, _sums(terms["distill"].dtype, **sums)
+    return loss, stopped_sums(terms["distill"].dtype, **sums)
 
 
 def attention_transfer_loss(student_attn: jax.Array, teacher_attn: jax.Array,
@@ -205,7 +205,7 @@ def attention_transfer_loss(student_attn: jax.Array, teacher_attn: jax.Array,
     Metrics (sums): tokens (the real query positions).
     """
     fn = "attention_transfer_loss"
-    a_s, a_t = _promote(student_attn, teacher_attn)
+    a_s, a_t = promote(student_attn, teacher_attn)
     if a_s.ndim != 4 or a_s.shape[:1] + a_s.shape[2:] != a_t.shape[:1] + a_t.shape[2:]:
         raise ValueError(f"{fn}: maps must be [B, H, T, S] alike but for H; got student "
                          f"{a_s.shape}, teacher {a_t.shape}")
@@ -220,7 +220,7 @@ def attention_transfer_loss(student_attn: jax.Array, teacher_attn: jax.Array,
     per_query = jnp.where(keep, per_query, 0.0)
     if denominator is None:
         denominator = policy_loss_denominator(keep, "token-mean")
-    return jnp.sum(per_query) / denominator, _sums(a_s.dtype, tokens=keep)
+    return jnp.sum(per_query) / denominator, stopped_sums(a_s.dtype, tokens=keep)
 
 
 def feature_loss(student_hidden: jax.Array, teacher_hidden: jax.Array, mask: jax.Array, *,
@@ -237,10 +237,10 @@ def feature_loss(student_hidden: jax.Array, teacher_hidden: jax.Array, mask: jax
     Metrics (sums over items): tokens or sequences (the item count), cos_sum (cosine similarity).
     """
     fn = "feature_loss"
-    _check_choice(fn, "pool", pool, POOLS)
-    _check_choice(fn, "kind", kind, FEATURE_KINDS)
+    check_choice(fn, "pool", pool, POOLS)
+    check_choice(fn, "kind", kind, FEATURE_KINDS)
     extra = () if projection is None else (projection,)
-    h_s, h_t, *extra = _promote(student_hidden, teacher_hidden, *extra)
+    h_s, h_t, *extra = promote(student_hidden, teacher_hidden, *extra)
     keep = jnp.asarray(mask).astype(bool)  # [B, T]
     if h_s.shape[:-1] != h_t.shape[:-1] or keep.shape != h_s.shape[:-1]:
         raise ValueError(f"{fn}: hidden states {h_s.shape}, {h_t.shape} and mask {keep.shape} "
@@ -276,5 +276,5 @@ def feature_loss(student_hidden: jax.Array, teacher_hidden: jax.Array, mask: jax
     if denominator is None:
         denominator = jnp.maximum(jnp.sum(items, dtype=jnp.int32), 1).astype(jnp.float32)
     name = "tokens" if pool == "none" else "sequences"
-    metrics = _sums(h_s.dtype, cos_sum=jnp.where(items, cos, 0.0), **{name: items})
+    metrics = stopped_sums(h_s.dtype, cos_sum=jnp.where(items, cos, 0.0), **{name: items})
     return jnp.sum(per_item) / denominator, metrics

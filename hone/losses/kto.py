@@ -26,14 +26,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from hone.losses.preference import _check_positive, _promote
+from hone.losses.common import check_positive, promote
 
 
 def kto_reference_point(kl_policy_logps: jax.Array, kl_ref_logps: jax.Array,
                         valid: jax.Array | None = None) -> jax.Array:
     """z0 = max(0, mean(kl_policy - kl_ref)) over the mismatched pairs [K] (those where `valid`
     is 1, when given; 0 when there are none), under stop_gradient. Scalar."""
-    p, r = _promote(kl_policy_logps, kl_ref_logps)
+    p, r = promote(kl_policy_logps, kl_ref_logps)
     gap = p - r  # [K] log-ratio of each mismatched completion
     if valid is None:
         mean = jnp.mean(gap)
@@ -48,7 +48,7 @@ def kto_terms(policy_logps: jax.Array, ref_logps: jax.Array, desirable: jax.Arra
               undesirable_weight: float = 1.0) -> tuple[jax.Array, jax.Array]:
     """Per-example KTO losses [B] and implicit rewards β·r [B] for a given reference point z0
     (a scalar; used as given, so detach it). desirable [B] bool (or 0/1)."""
-    p, r, z0 = _promote(policy_logps, ref_logps, z0)
+    p, r, z0 = promote(policy_logps, ref_logps, z0)
     good = jnp.asarray(desirable).astype(bool)  # [B]
     ratio = p - r  # [B]
     # 1 - σ(x) = σ(-x): desirable x = β(r - z0), undesirable x = β(z0 - r).
@@ -71,12 +71,12 @@ def kto_loss(policy_logps: jax.Array, ref_logps: jax.Array, desirable: jax.Array
     (their difference), logps_desirable, logps_undesirable (the policy's); z0; kl (the mean
     log-ratio of the mismatched pairs before the clamp at 0); desirable (the fraction).
     """
-    _check_positive("kto_loss: beta", beta)
+    check_positive("kto_loss: beta", beta)
     for name, value in (("desirable_weight", desirable_weight),
                         ("undesirable_weight", undesirable_weight)):
         if isinstance(value, (int, float)) and value < 0:
             raise ValueError(f"kto_loss: {name} must be >= 0, got {value!r}")
-    p, r, kp, kr = _promote(policy_logps, ref_logps, kl_policy_logps, kl_ref_logps)
+    p, r, kp, kr = promote(policy_logps, ref_logps, kl_policy_logps, kl_ref_logps)
     z0 = kto_reference_point(kp, kr)
     losses, rewards = kto_terms(p, r, desirable, z0, beta=beta,
                                 desirable_weight=desirable_weight,

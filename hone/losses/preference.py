@@ -24,22 +24,11 @@ import math
 import jax
 import jax.numpy as jnp
 
+from hone.losses.common import check_positive, promote
+
 DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge", "robust")
 
 _LN2 = math.log(2.0)
-
-
-def _promote(*xs) -> tuple[jax.Array, ...]:
-    """The inputs as arrays of one floating dtype, at least float32."""
-    xs = [jnp.asarray(x) for x in xs]
-    dtype = jnp.promote_types(jnp.result_type(*xs), jnp.float32)
-    return tuple(x.astype(dtype) for x in xs)
-
-
-def _check_positive(name: str, value) -> None:
-    # A traced value (a beta schedule inside jit) cannot be checked here, and need not be.
-    if isinstance(value, (int, float)) and not value > 0:
-        raise ValueError(f"{name} must be > 0, got {value!r}")
 
 
 def _mean_metrics(**values: jax.Array) -> dict:
@@ -72,7 +61,7 @@ def sequence_logprobs(token_logps: jax.Array, mask: jax.Array, *,
     runs it). Padded positions are selected away rather than multiplied by 0, so a -inf there
     cannot turn into NaN. An empty mask gives 0 (its mean divides by max(count, 1)).
     """
-    (token_logps,) = _promote(token_logps)
+    (token_logps,) = promote(token_logps)
     keep = jnp.asarray(mask).astype(bool)  # [B, T]
     total = jnp.sum(jnp.where(keep, token_logps, 0.0), axis=-1)  # [B]
     if not average:
@@ -114,9 +103,9 @@ def dpo_loss(pc: jax.Array, pr: jax.Array, rc: jax.Array, rr: jax.Array, *, beta
     if loss_type in ("ipo", "hinge") and eps != 0.0:
         raise ValueError(f"dpo_loss: label_smoothing applies to sigmoid and robust only, "
                          f"got {eps} with loss_type={loss_type!r}")
-    _check_positive("dpo_loss: beta", beta)
+    check_positive("dpo_loss: beta", beta)
 
-    pc, pr, rc, rr = _promote(pc, pr, rc, rr)
+    pc, pr, rc, rr = promote(pc, pr, rc, rr)
     chosen = pc - rc  # [B] implicit reward of the chosen answer, over β
     rejected = pr - rr  # [B]
     d = chosen - rejected  # [B]
@@ -149,8 +138,8 @@ def simpo_loss(c: jax.Array, r: jax.Array, *, beta: float = 2.0,
     target margin (as in TRL's CPO trainer); the SimPO repository's `gamma_beta_ratio` is γ/β.
     Metrics (batch means): rewards_chosen = βc, rewards_rejected = βr, margin, accuracy.
     """
-    _check_positive("simpo_loss: beta", beta)
-    c, r = _promote(c, r)
+    check_positive("simpo_loss: beta", beta)
+    c, r = promote(c, r)
     losses = -jax.nn.log_sigmoid(beta * (c - r) - gamma)  # [B]
     rewards_chosen, rewards_rejected = beta * c, beta * r
     metrics = _mean_metrics(
@@ -172,7 +161,7 @@ def orpo_loss(c: jax.Array, r: jax.Array, chosen_nll: jax.Array, *,
     Metrics (batch means, TRL's names): nll, log_odds_ratio = logσ(log_odds), log_odds_chosen =
     log_odds, accuracy = fraction with c > r.
     """
-    c, r, nll = _promote(c, r, chosen_nll)
+    c, r, nll = promote(c, r, chosen_nll)
     log_odds = (c - r) - (_log1m_exp(c) - _log1m_exp(r))  # [B]
     ratio = jax.nn.log_sigmoid(log_odds)  # [B]
     loss = jnp.mean(nll) - beta * jnp.mean(ratio)
@@ -193,7 +182,7 @@ def reward_loss(chosen: jax.Array, rejected: jax.Array, *, margin: jax.Array | f
     Metrics (batch means): accuracy = fraction with chosen > rejected, margin = chosen - rejected
     (the rewards' gap, not the margin argument), reward_mean = mean over all 2B rewards.
     """
-    c, r = _promote(chosen, rejected)
+    c, r = promote(chosen, rejected)
     gap = c - r  # [B]
     logits = gap if margin is None else gap - jnp.asarray(margin, c.dtype)
     loss = -jnp.mean(jax.nn.log_sigmoid(logits)) + center_coef * jnp.mean((c + r) ** 2)

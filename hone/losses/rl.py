@@ -37,7 +37,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from hone.losses.preference import _promote
+from hone.losses.common import check_choice, is_number, promote, stopped_sums
 
 ADVANTAGE_SCALES = ("group", "batch", "none")
 KL_KINDS = ("k1", "k2", "k3")
@@ -48,25 +48,12 @@ _STD_EPS = 1e-4  # GRPO's advantage divisor std + 1e-4 (DeepSeekMath; TRL)
 _WHITEN_EPS = 1e-8  # TRL's masked_whiten
 
 
-def _check_choice(fn: str, name: str, value, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{fn}: {name} must be one of {', '.join(choices)}; got {value!r}")
-
-
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
 def _check_max_len(fn: str, max_len) -> None:
     if max_len is None:
         raise ValueError(f"{fn}: agg='seq-mean-token-sum-norm' needs max_len (the generation "
                          f"budget: the loss is sum(l·m) / (B·max_len))")
     if not isinstance(max_len, int) or max_len < 1:
         raise ValueError(f"{fn}: max_len must be a positive int, got {max_len!r}")
-
-
-def _sums(dtype, **values: jax.Array) -> dict:
-    return {k: jax.lax.stop_gradient(jnp.sum(v).astype(dtype)) for k, v in values.items()}
 
 
 def grpo_advantages(rewards: jax.Array, group_size: int, *, scale: str = "group",
@@ -80,8 +67,8 @@ def grpo_advantages(rewards: jax.Array, group_size: int, *, scale: str = "group"
     reward_std (of the batch, Bessel-corrected).
     """
     fn = "grpo_advantages"
-    _check_choice(fn, "scale", scale, ADVANTAGE_SCALES)
-    (r,) = _promote(rewards)
+    check_choice(fn, "scale", scale, ADVANTAGE_SCALES)
+    (r,) = promote(rewards)
     if r.ndim != 1:
         raise ValueError(f"{fn}: rewards must be 1-D [N*G], got shape {r.shape}")
     if not isinstance(group_size, int) or group_size < 1:
@@ -120,8 +107,8 @@ def kl_penalty(logp: jax.Array, ref_logp: jax.Array, kind: str = "k3") -> jax.Ar
     "Approximating KL divergence", 2020). k3 is computed as expm1(d) - d, which keeps its
     digits when d = ref - logp is small (there e^d - 1 cancels).
     """
-    _check_choice("kl_penalty", "kind", kind, KL_KINDS)
-    logp, ref_logp = _promote(logp, ref_logp)
+    check_choice("kl_penalty", "kind", kind, KL_KINDS)
+    logp, ref_logp = promote(logp, ref_logp)
     d = ref_logp - logp  # [B, T] log(π_ref / π)
     if kind == "k1":
         return -d
@@ -139,7 +126,7 @@ def policy_loss_denominator(mask: jax.Array, agg: str = "token-mean",
     all-masked batch has loss 0.
     """
     fn = "policy_loss_denominator"
-    _check_choice(fn, "agg", agg, AGGREGATIONS)
+    check_choice(fn, "agg", agg, AGGREGATIONS)
     keep = jnp.asarray(mask).astype(bool)  # [B, T]
     if agg == "token-mean":
         count = jnp.sum(keep, dtype=jnp.int32)  # integer count: exact past 2^24 tokens
@@ -186,20 +173,20 @@ def policy_loss(logp: jax.Array, old_logp: jax.Array, adv: jax.Array, mask: jax.
     selected and the token has no gradient); ratio_sum (Σρm); kl_sum (ΣKL·m, with ref_logp).
     """
     fn = "policy_loss"
-    _check_choice(fn, "agg", agg, AGGREGATIONS)
-    _check_choice(fn, "ratio", ratio, RATIOS)
-    _check_choice(fn, "kl_kind", kl_kind, KL_KINDS)
+    check_choice(fn, "agg", agg, AGGREGATIONS)
+    check_choice(fn, "ratio", ratio, RATIOS)
+    check_choice(fn, "kl_kind", kl_kind, KL_KINDS)
     if agg == "seq-mean-token-sum-norm" and denominator is None:
         _check_max_len(fn, max_len)
     clip_eps_high = clip_eps if clip_eps_high is None else clip_eps_high
     for name, value in (("clip_eps", clip_eps), ("clip_eps_high", clip_eps_high)):
-        if _is_number(value) and value < 0:
+        if is_number(value) and value < 0:
             raise ValueError(f"{fn}: {name} must be >= 0, got {value!r}")
-    if ref_logp is None and not (_is_number(kl_beta) and kl_beta == 0):
+    if ref_logp is None and not (is_number(kl_beta) and kl_beta == 0):
         raise ValueError(f"{fn}: kl_beta={kl_beta!r} needs ref_logp")
 
     optional = [x for x in (ref_logp, is_weights) if x is not None]
-    logp, old_logp, adv, *optional = _promote(logp, old_logp, adv, *optional)
+    logp, old_logp, adv, *optional = promote(logp, old_logp, adv, *optional)
     keep, adv = _token_mask_and_adv(fn, logp, old_logp, adv, mask)
     m = keep.astype(logp.dtype)  # [B, T]
     count = jnp.maximum(jnp.sum(m, axis=-1), 1.0)  # [B] real tokens per row, at least 1
@@ -218,7 +205,7 @@ def policy_loss(logp: jax.Array, old_logp: jax.Array, adv: jax.Array, mask: jax.
         ref = jnp.where(keep, optional[0], 0.0)
         kl = jnp.where(keep, kl_penalty(jnp.where(keep, logp, 0.0), ref, kl_kind), 0.0)
         metrics["kl_sum"] = kl
-        if not (_is_number(kl_beta) and kl_beta == 0):
+        if not (is_number(kl_beta) and kl_beta == 0):
             per_token = per_token + kl_beta * kl
     per_token = jnp.where(keep, per_token, 0.0)  # [B, T]
 
@@ -232,7 +219,7 @@ def policy_loss(logp: jax.Array, old_logp: jax.Array, adv: jax.Array, mask: jax.
 
     clipped_low = keep & (rho < low) & (adv < 0)
     clipped_high = keep & (rho > high) & (adv > 0)
-    metrics = _sums(logp.dtype, tokens=m, clipped_low_sum=clipped_low,
+    metrics = stopped_sums(logp.dtype, tokens=m, clipped_low_sum=clipped_low,
                     clipped_high_sum=clipped_high, clipped_sum=clipped_low | clipped_high,
                     ratio_sum=jnp.where(keep, rho, 0.0), **metrics)
     return loss, metrics
@@ -257,10 +244,10 @@ def cispo_loss(logp: jax.Array, old_logp: jax.Array, adv: jax.Array, mask: jax.A
     the gradient kept); ratio_sum (Σρm).
     """
     fn = "cispo_loss"
-    _check_choice(fn, "agg", agg, CISPO_AGGREGATIONS)
-    if _is_number(clip_eps_high) and clip_eps_high < 0:
+    check_choice(fn, "agg", agg, CISPO_AGGREGATIONS)
+    if is_number(clip_eps_high) and clip_eps_high < 0:
         raise ValueError(f"{fn}: clip_eps_high must be >= 0, got {clip_eps_high!r}")
-    logp, old_logp, adv = _promote(logp, old_logp, adv)
+    logp, old_logp, adv = promote(logp, old_logp, adv)
     keep, adv = _token_mask_and_adv(fn, logp, old_logp, adv, mask)
     logp_kept = jnp.where(keep, logp, 0.0)  # [B, T] a -inf in the padding reaches nothing
     rho = jnp.exp(jnp.where(keep, logp - old_logp, 0.0))  # [B, T]
@@ -273,7 +260,7 @@ def cispo_loss(logp: jax.Array, old_logp: jax.Array, adv: jax.Array, mask: jax.A
         numerator = jnp.sum(per_token)
     if denominator is None:
         denominator = policy_loss_denominator(keep, agg)
-    metrics = _sums(logp.dtype, tokens=keep, clipped_sum=keep & (rho > 1.0 + clip_eps_high),
+    metrics = stopped_sums(logp.dtype, tokens=keep, clipped_sum=keep & (rho > 1.0 + clip_eps_high),
                     ratio_sum=jnp.where(keep, rho, 0.0))
     return numerator / denominator, metrics
 
@@ -288,7 +275,7 @@ def gae(rewards: jax.Array, values: jax.Array, mask: jax.Array, *,
     all 0 where the mask is 0. A reverse lax.scan over T. gamma may be an array [B, T]: the
     discount from position t to t+1 (per-turn discounts of multi-turn episodes, `gae_over_mask`).
     """
-    r, v = _promote(rewards, values)
+    r, v = promote(rewards, values)
     keep = jnp.asarray(mask).astype(bool)  # [B, T]
     r, v = jnp.where(keep, r, 0.0), jnp.where(keep, v, 0.0)
     g = jnp.broadcast_to(jnp.asarray(gamma, r.dtype), r.shape)  # [B, T]
@@ -332,9 +319,9 @@ def value_loss(values: jax.Array, old_values: jax.Array, returns: jax.Array, mas
     (pass policy_loss_denominator(full_mask) to split a batch into micro-batches).
     Metrics (sums): value_clipped_sum (tokens where the clipped error is the larger), tokens.
     """
-    if _is_number(clip) and clip < 0:
+    if is_number(clip) and clip < 0:
         raise ValueError(f"value_loss: clip must be >= 0, got {clip!r}")
-    v, old, ret = _promote(values, old_values, returns)
+    v, old, ret = promote(values, old_values, returns)
     keep = jnp.asarray(mask).astype(bool)  # [B, T]
     v, old, ret = (jnp.where(keep, x, 0.0) for x in (v, old, ret))
     err = (v - ret) ** 2  # [B, T]
@@ -343,7 +330,7 @@ def value_loss(values: jax.Array, old_values: jax.Array, returns: jax.Array, mas
     if denominator is None:
         denominator = policy_loss_denominator(keep, "token-mean")
     loss = 0.5 * jnp.sum(per_token) / denominator
-    metrics = _sums(v.dtype, value_clipped_sum=keep & (err_clipped > err), tokens=keep)
+    metrics = stopped_sums(v.dtype, value_clipped_sum=keep & (err_clipped > err), tokens=keep)
     return loss, metrics
 
 
@@ -354,7 +341,7 @@ def whiten(x: jax.Array, mask: jax.Array, *, shift_mean: bool = True) -> jax.Arr
     the mean is added back (only the scale changes). One masked element (where TRL raises)
     gives var 0 and output 0 (or the mean).
     """
-    (x,) = _promote(x)
+    (x,) = promote(x)
     keep = jnp.asarray(mask).astype(bool)
     n = jnp.sum(keep).astype(x.dtype)
     x = jnp.where(keep, x, 0.0)

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hone.kernels import packed as packed_kernel
-from hone.kernels.attention import decode_attention
+from hone.kernels.decode_attention import decode_attention
 from hone.models.blockwise import DEFAULT_BLOCK, blockwise_attention
 from hone.models.config import ModelConfig
 from hone.models.fused_attention import cudnn_attention, splash_attention
@@ -161,7 +161,7 @@ class Attention(nnx.Module):
         with a running softmax (maximum, normaliser and weighted sum carried from block to
         block), and only the blocks below `used`: a decode step costs what the sequence so far
         holds, not what the cache could hold. kernel: compute it all in hone's CPU kernel
-        (hone/kernels/attention.py; the same numbers up to float32 summation order).
+        (hone/kernels/decode_attention.py; the same numbers up to float32 summation order).
         """
         b, _, n, h = q.shape
         kv, s = self.num_kv_heads, k_cache.shape[2]

@@ -28,19 +28,13 @@ Design choices:
 - Layout. The blocks are laid out heads before tokens once, outside the loops (queries
   [nq, B, K, G, bq, H], keys and values [nk, B, K, bk, H]), so every product inside them is a
   batched matrix product over (B, K) that XLA runs without copying an operand into another
-  layout on each visit (the forward's; the backward's: "Backward layout"). Measured on CPU,
-  one SmolLM2 layer's causal attention (9 heads, 3 KV heads, head size 64): forward and
-  backward 286 -> 203 ms at 2k tokens, 1,312 -> 875 ms at 4k, against the token-major layout
-  the projections give.
+  layout on each visit.
 - Backward layout. The backward pass computes each pair's scores transposed, key-major
   [B, K, bk, M] with M = G x bq a query block's (head in group, token) rows: then P^T dO and
   dS^T Q read their tile as stored, and dQ is accumulated transposed (K^T dS^T) and turned back
-  once per query block. Query-major, XLA copied P and dS into the other layout on every visit
-  (two tile-sized transposes). Only [H, M] and [H, bk] copies of q, dO and k are made, once,
-  outside the loops. A causal fp32 row's gradients came out bit-identical to query-major's.
-  With the masked scores below, one SmolLM2 layer's forward and backward (medians of
-  alternated runs) 970 -> 856 ms at 4k tokens, 3,933 -> 3,226 ms at 8k; a whole SFT step on
-  one 8k row 173.2 -> 144.2 s under save_attention (benchmarks/RESULTS.md, "Long rows").
+  once per query block; query-major, XLA would copy P and dS into the other layout on every
+  visit. Only [H, M] and [H, bk] copies of q, dO and k are made, once, outside the loops.
+  What each layout saved, measured: docs/guides/long-context.md (the per-token paragraphs).
 - Masked scores. The forward fills masked scores with -inf, so their exp is 0 without a
   second select (XLA otherwise wrote the tile again for each); the running maximum starts at
   the finite minimum dense uses, so a row with nothing visible yet gets exp(-inf) = 0, not NaN.
@@ -67,10 +61,9 @@ from jax.ad_checkpoint import checkpoint_name
 from hone.models.masks import MASKED as _MASKED
 from hone.models.masks import MaskSpec, make_mask
 
-# Queries and keys per block. On CPU, a causal 2k-token row of SmolLM2-135M's attention (9
-# heads, 3 KV heads, head dim 64) ran forward + backward about as fast with blocks of 128 as of
-# 256 and twice as slow with 512 (a pair's scores, 9 x 256 x 256 float32, still sit in cache);
-# 256 also keeps the default 256-token rows on the dense path under model.attention=auto.
+# Queries and keys per block: a pair's float32 scores at 256 x 256 stay in a CPU core's cache
+# (the sizes tried: docs/guides/long-context.md), and 256 keeps the default 256-token rows on
+# the dense path under model.attention=auto.
 DEFAULT_BLOCK = 256
 
 # The names of the forward's residuals that remat policy save_attention keeps ("Remat" above).

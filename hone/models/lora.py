@@ -3,7 +3,7 @@
 Design choices:
 - Written here rather than taken from qwix: every projection in hone is one `Linear`, so an
   adapter is two extra matrices and one extra line in `Linear.__call__`; and export to PEFT
-  (hone/models/peft.py) must map adapters to Hugging Face module names through hone's own name
+  (hone/weights/peft.py) must map adapters to Hugging Face module names through hone's own name
   table, which qwix's generic interception cannot know. qwix also keeps 4-bit codes one per byte
   on CPU (about 1.06 bytes per weight), where hone packs two per byte (quant.py).
 - Adapters are `LoRAParam` variables (a subclass of `nnx.Param`): `nnx.state(model, LoRAParam)`

@@ -20,17 +20,17 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from hone.losses.moe import RouterSums, router_sums
 from hone.models.attention import Attention
 from hone.models.blockwise import DEFAULT_BLOCK, SAVED as ATTENTION_SAVED
 from hone.models.config import ModelConfig
 from hone.models.layers import Embedder, RMSNorm, rope_inv_freq, rope_tables
+from hone.models.layers import positions_from_mask
 from hone.models.linear import Linear
 from hone.models.masks import MaskSpec
 from hone.models.mlp import GatedMLP
 from hone.models.moe import RoutedMLP, RouterLoss
 from hone.models.scan_layers import given_to, run_blocks, scannable
-from hone.models.layers import positions_from_mask
-from hone.losses.moe import RouterSums, router_sums
 
 
 def remat_policy(name: str):
@@ -118,7 +118,7 @@ class Transformer(nnx.Module):
         self.attention_block = DEFAULT_BLOCK
         # An attention function over mask specs that replaces the choice above in the forward
         # pass, `f(q, k, v, spec, *, scale, softcap, block) -> [B, T, N, H]`: set by the layout
-        # for sequence parallelism (hone/parallel/sequence.py), so this file names no mesh axis.
+        # for sequence parallelism (hone/parallel/ring_attention.py), so this file names no mesh axis.
         # Static (hashable), like the settings above; the sampler's cached passes ignore it.
         self.sequence_attention: Callable | None = None
         # Mixture of experts: the router-loss coefficients of a training run (set by the

@@ -16,7 +16,7 @@
   which GSPMD splits along the experts; the CPU tile loop's per-expert weight slices would make
   it gather every expert's weights on each device (`place_model`).
 - Sequence parallelism needs attention across the seq axis: `place_model` gives the model the
-  ring attention of hone/parallel/sequence.py (the model itself never names the axis).
+  ring attention of hone/parallel/ring_attention.py (the model itself never names the axis).
 
 `Layout(None)` is the single-device layout: every method returns its input unchanged, so a run
 on one device compiles exactly the program it compiled before meshes existed.
@@ -32,9 +32,9 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from hone.errors import InputError
+from hone.models.paths import path_key
 from hone.parallel.mesh import BATCH_AXES, batch_shards, build_mesh, seq_shards
 from hone.parallel.rules import named_sharding
-from hone.train.state import path_key
 
 
 def logical_names(state: nnx.State) -> dict[str, tuple | None]:
@@ -168,7 +168,7 @@ class Layout:
                 if isinstance(node, RoutedMLP) and node.method is None:
                     node.method = "ragged"
         if self.seq > 1:
-            from hone.parallel.sequence import RingAttention
+            from hone.parallel.ring_attention import RingAttention
             for _, node in nnx.iter_graph(model):  # the Transformer itself or one inside
                 if isinstance(node, nnx.Module) and hasattr(node, "sequence_attention"):
                     node.sequence_attention = RingAttention(self.mesh)

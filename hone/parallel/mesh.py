@@ -11,7 +11,7 @@
   experts around each grouped product, so there the axis saves memory at rest only).
 - `seq`: each row's tokens are split over it (sequence parallelism, for rows too long for one
   device): activations are [B, T/seq, ...] per device; attention passes keys and values around
-  the axis (hone/parallel/sequence.py); parameters are replicated over it.
+  the axis (hone/parallel/ring_attention.py); parameters are replicated over it.
 - `tp`: attention heads, MLP width and vocabulary are split over it (tensor parallel).
 
 A size of -1 takes the devices left over (the default for `data`, so a plain run uses every

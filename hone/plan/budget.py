@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from hone.plan.activations import activation_lines
 from hone.plan.inputs import PlanInput
-from hone.plan.rollout import rollout_lines
+from hone.plan.rollout_memory import rollout_lines
 from hone.plan.weights import weight_lines
 
 HEADROOM = 0.9  # share of a device's memory a plan may use

@@ -77,7 +77,7 @@ def _architecture(source: str):
         return PRESETS[source]
     folder = Path(source)
     if (folder / "config.json").is_file():
-        from hone.models.hf_config import config_from_hf
+        from hone.weights.hf_config import config_from_hf
         return config_from_hf(json.loads((folder / "config.json").read_text()),
                               str(folder / "config.json"))
     raise InputError("the planner needs a preset name or a Hugging Face folder with a "

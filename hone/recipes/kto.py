@@ -32,8 +32,8 @@ from hone.data.kto import class_balance, load_kto
 from hone.data.shared_prefix import work_tokens
 from hone.losses.kto import kto_reference_point, kto_terms
 from hone.losses.preference import pair_count, sequence_logprobs
-from hone.models.loading import load_tokenizer
 from hone.rl.step import chunked
+from hone.tokenizer import load_tokenizer
 from hone.train.build import build_model, compile_steps, make_layout, open_run, summed_eval
 from hone.train.loop import LoopSpec, run_loop
 from hone.train.reference import cached_halves, reference_mode, reference_model

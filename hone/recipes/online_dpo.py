@@ -38,12 +38,12 @@ from hone.config import DPOConfig
 from hone.data.shared_prefix import work_tokens
 from hone.errors import InputError
 from hone.losses.preference import dpo_loss, pair_count, sequence_logprobs
-from hone.models.loading import load_tokenizer
 from hone.rl.collect import Rollouts, make_rl_eval
 from hone.rl.judge_pairs import pair_samples, pick_pairs
 from hone.rl.prompts import load_prompts
 from hone.rl.reward_specs import make_rewards
 from hone.rl.rollout import pack_tree_rows, sample, step_seed, tree_width
+from hone.tokenizer import load_tokenizer
 from hone.train.build import build_model, compile_steps, make_layout, open_run
 from hone.train.loop import LoopSpec, run_loop
 from hone.train.reference import reference_mode, reference_model

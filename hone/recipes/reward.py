@@ -3,7 +3,7 @@
 The backbone (full or with LoRA adapters) gets a scalar head read at the last real token; the
 loss is -log sigmoid(r_chosen - r_rejected - margin) plus optional reward centering. Evaluation
 reports pairwise accuracy on held-out pairs. `hone export` writes the result as a Hugging Face
-sequence-classification folder, which `hone.models.reward.load_reward_model` reads back for RL.
+sequence-classification folder, which `hone.weights.hf_reward.load_reward_model` reads back for RL.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from hone.config import RewardConfig
 from hone.data.preference import load_pairs
 from hone.data.shared_prefix import work_tokens
 from hone.losses.preference import pair_count, reward_loss
-from hone.models.loading import load_tokenizer
+from hone.tokenizer import load_tokenizer
 from hone.train.build import (build_reward_model, compile_steps, make_layout, open_run,
                               summed_eval)
 from hone.train.loop import LoopSpec, run_loop
-from hone.train.step import pair_split
 from hone.train.state import unflatten
+from hone.train.step import pair_split
 
 
 def make_reward_loss(cfg: RewardConfig):

@@ -6,35 +6,21 @@ checked before the run folder gets a checkpoint, so an error leaves an earlier r
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from hone.config import SFTConfig
 from hone.data.shared_prefix import work_tokens
-from hone.losses.sft import sft_loss_from_logprobs
-from hone.models.loading import load_tokenizer
+from hone.tokenizer import load_tokenizer
 from hone.train.build import build_model, compile_steps, make_layout, open_run, summed_eval
 from hone.train.loop import LoopSpec, run_loop
-from hone.train.scoring import row_logprobs
+from hone.train.sft_objective import sft_eval_means, sft_step_loss, target_tokens
 from hone.train.state import unflatten
 
 
-def sft_step_loss(model, mb, normalizer, key, aux=None):
-    """Masked next-token NLL of one micro-batch (packed rows attend within their documents); the
-    LM head runs over chunks of model.head_chunk positions."""
-    return sft_loss_from_logprobs(row_logprobs(model, mb)[0], mb["loss_mask"], normalizer)
 
 
-def target_tokens(batch) -> jax.Array:
-    return jnp.maximum(jnp.sum(batch["loss_mask"]), 1.0)
 
 
-def eval_means(total: dict) -> dict:
-    """Held-out loss (token-weighted) and perplexity from summed eval metrics."""
-    loss = total["eval_nll_sum"] / max(total["eval_target_tokens"], 1.0)
-    return {"eval_loss": loss, "eval_ppl": float(np.exp(min(loss, 50.0)))}
 
 
 def run_sft(cfg: SFTConfig, *, log=print):
@@ -59,7 +45,7 @@ def run_sft(cfg: SFTConfig, *, log=print):
         cfg, model, trainable, sft_step_loss, target_tokens, layout=layout)
     eval_fn = None
     if eval_data:
-        eval_fn = summed_eval(eval_step, frozen, eval_data, eval_means, place=layout.place_batch,
+        eval_fn = summed_eval(eval_step, frozen, eval_data, sft_eval_means, place=layout.place_batch,
                               max_batches=cfg.train.eval_batches)
     spec = LoopSpec(
         train_step=step, state=state, frozen=frozen, data=train_data.iterator(),

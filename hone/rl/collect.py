@@ -15,7 +15,7 @@ import time
 import numpy as np
 from flax import nnx
 
-from hone.datasets.arithmetic import is_correct
+from hone.grading import is_correct
 from hone.rl.prompts import PromptData
 from hone.rl.rollout import (Samples, completion_stats, pack_rows, pack_tree_rows, sample,
                              step_seed, tree_width)

@@ -53,8 +53,8 @@ class RewardModelScorer:
 
     def __init__(self, path: str | Path, tokenizer=None, batch_size: int = 16,
                  max_length: int | None = None, dtype: str = "float32"):
-        from hone.models.loading import load_tokenizer
-        from hone.models.reward import load_reward_model
+        from hone.tokenizer import load_tokenizer
+        from hone.weights.hf_reward import load_reward_model
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise InputError(f"must be an integer >= 1, got {batch_size!r}", key="batch_size")
         if dtype not in _DTYPES:

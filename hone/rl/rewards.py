@@ -21,8 +21,6 @@ docstring) into a `Rewards`. Design choices:
 
 from __future__ import annotations
 
-import functools
-import importlib
 import inspect
 import itertools
 import math
@@ -33,8 +31,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from hone.datasets.arithmetic import is_correct
 from hone.errors import InputError
+from hone.grading import is_correct
+from hone.plugins import load_function
 
 RewardFn = Callable[..., Sequence[Any]]
 EVENTS = ("reward_errors", "reward_timeouts", "reward_invalid")
@@ -117,23 +116,6 @@ def reward_model(path: str, tokenizer=None, batch_size: int = 16, max_length: in
     the text prompt + completion; see `hone.rl.reward_model_scorer`."""
     from hone.rl.reward_model_scorer import RewardModelScorer
     return RewardModelScorer(path, tokenizer, batch_size, max_length, dtype)
-
-
-def load_function(path: str, key: str = "name") -> RewardFn:
-    """The callable named by "package.module:function" (attribute paths like "mod:Cls.fn" too)."""
-    module_name, _, attr = path.partition(":")
-    try:
-        obj = importlib.import_module(module_name)
-    except Exception as err:  # ImportError, or whatever the module raised while importing
-        raise InputError(f"cannot import module {module_name!r} of {path!r} "
-                         f"({type(err).__name__}: {err})", key=key) from err
-    try:
-        obj = functools.reduce(getattr, attr.split("."), obj)
-    except AttributeError as err:
-        raise InputError(f"module {module_name!r} has no {attr!r}", key=key) from err
-    if not callable(obj):
-        raise InputError(f"{path!r} is a {type(obj).__name__}, not a function", key=key)
-    return obj
 
 
 BUILTINS: dict[str, Callable[..., RewardFn]] = {

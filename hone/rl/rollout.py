@@ -156,7 +156,7 @@ def tree_layout(cfg, shards: int = 1, minibatches: int = 1) -> bool:
 
 def completion_width(cfg) -> int:
     """M: the completion slots of a rollout row; with an agent, the whole episode after its
-    opening (`hone.agents.layout`: L - P), of which the model's turns are a part."""
+    opening (`hone.agents.episode_rows`: L - P), of which the model's turns are a part."""
     section = getattr(cfg, cfg.SECTION)
     if cfg.agent.enabled:
         return cfg.agent.max_episode_tokens - section.max_prompt_tokens

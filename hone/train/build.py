@@ -16,13 +16,13 @@ from flax import nnx
 
 from hone.config import dump_yaml
 from hone.errors import InputError
-from hone.models.loading import load_model
 from hone.models.scan_layers import scan_setting
 from hone.parallel import Layout, logical_names
 from hone.train.oom import AccumStep
 from hone.train.optimizer import build_optimizer
 from hone.train.state import also_train, new_train_state, split_model, top_blocks, train_params
 from hone.train.step import make_eval_step, make_train_step, row_split
+from hone.weights.loading import load_model
 
 
 def build_model(cfg, *, layout=None, log=print):

@@ -17,11 +17,8 @@ import numpy as np
 from flax import nnx
 
 from hone.errors import InputError
+from hone.models.paths import path_key
 from hone.train.guards import init_state
-
-
-def path_key(path: tuple) -> str:
-    return "/".join(str(p) for p in path)
 
 
 def flatten(state: nnx.State) -> dict[str, jax.Array]:

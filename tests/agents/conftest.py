@@ -2,7 +2,9 @@
 
 import pytest
 
-from hone.models.loading import load_model, load_tokenizer
+from hone.tokenizer import load_tokenizer
+
+from hone.weights.loading import load_model
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
-"""hone.agents.collect's host-side metrics, by hand."""
+"""hone.rl.episode_collect's host-side metrics, by hand."""
 
 import numpy as np
 
-from hone.agents.collect import zero_std_fraction
+from hone.rl.episode_collect import zero_std_fraction
 
 
 def test_zero_std_fraction_counts_groups_whose_rewards_are_all_equal():

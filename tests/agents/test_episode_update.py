@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from hone.agents.layout import episode_rows
+from hone.agents.episode_rows import episode_rows
 from hone.agents.rollout import rollout
 from hone.losses.rl import policy_loss, policy_loss_denominator
 from hone.rl.rollout import Samples, pack_rows

@@ -90,7 +90,7 @@ def test_limits_cut_episodes_and_say_which(tiny):
 def test_max_after_opening_keeps_episodes_within_their_training_rows(tiny):
     # Rows give the opening P slots and the rest L - P: an opening shorter than P must not let
     # the rest run past L - P (it once did, and episode_rows refused the batch).
-    from hone.agents.layout import episode_rows
+    from hone.agents.episode_rows import episode_rows
     model, tok = tiny
     long = [{"prompt": "a much longer opening than the other one", "turns": 99},
             {"prompt": "x", "turns": 99}]

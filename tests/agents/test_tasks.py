@@ -13,7 +13,7 @@ from hone.agents.parsers import HermesParser, ToolCall
 from hone.agents.tasks import ARITHMETIC_SYSTEM_PROMPT, ArithmeticTool, GuessNumber
 from hone.agents.tools import describe_tools, tool_schema
 from hone.datasets import BUILTIN
-from hone.datasets.calculator import (LOW, HIGH, calculator_examples, calculator_traces,
+from hone.datasets.calculator_agent import (LOW, HIGH, calculator_examples, calculator_traces,
                                       is_eval_operand, operands)
 
 

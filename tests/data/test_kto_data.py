@@ -4,7 +4,7 @@ prompt and the partner's completion, and over-long examples follow data.overlong
 import numpy as np
 
 from hone.data.kto import Example, KTOData, partners
-from hone.models.loading import load_tokenizer
+from hone.tokenizer import load_tokenizer
 
 
 def example(prompt):

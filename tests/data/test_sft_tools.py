@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hone
+from hone.agents.tool_messages import tool_calls_as_text, tools_system_text
 from hone.cli import main
 from hone.data.sft import tokenize_sft
-from hone.data.tool_messages import tool_calls_as_text, tools_system_text
 from hone.errors import InputError
 
 TINY = hone.load_tokenizer("tiny")  # byte-level: one token per byte, ChatML without tools

@@ -17,8 +17,8 @@ from hone.data.preference import Pair, PreferenceData, pair_batch, pair_rows
 from hone.data.shared_prefix import shared_rows, shared_sizes, work_tokens
 from hone.models.config import preset
 from hone.models.transformer import Transformer
-from hone.recipes.dpo import _sequence_logps, make_dpo_loss
-from hone.models.loading import load_tokenizer
+from hone.tokenizer import load_tokenizer
+from hone.train.dpo_objective import make_dpo_loss, sequence_logps
 from hone.train.state import flatten
 
 PAD = 0
@@ -96,7 +96,7 @@ def test_sequence_logprobs_equal_the_two_row_layout(name):
     pairs = _random_pairs(6, 0, cfg.vocab_size)
     rows = pair_batch(pair_rows(pairs, 24, PAD))
     shared = shared_rows(pairs, PAD)
-    for two, one in zip(_sequence_logps(model, rows), _sequence_logps(model, shared)):
+    for two, one in zip(sequence_logps(model, rows), sequence_logps(model, shared)):
         np.testing.assert_allclose(np.asarray(one), np.asarray(two), rtol=1e-5, atol=1e-5)
 
 
@@ -126,7 +126,7 @@ def test_dpo_loss_and_gradients_equal_the_two_row_layout(tmp_path):
     np.testing.assert_allclose(float(v1), float(v0), rtol=1e-5)
     # The summed metrics are differences of sequence log-probs (about -90 each here): hold
     # them to 1e-5 of what was summed, not of the small result.
-    logps = jax.jit(lambda p, b: _sequence_logps(nnx.merge(graphdef, p, rest), b)[0])
+    logps = jax.jit(lambda p, b: sequence_logps(nnx.merge(graphdef, p, rest), b)[0])
     scale = float(jnp.sum(jnp.abs(logps(params, next(iter(data[False].batches(8)))))))
     for key in m0:
         assert abs(float(m1[key]) - float(m0[key])) <= 1e-5 * max(scale, abs(float(m0[key]))), key

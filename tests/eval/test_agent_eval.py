@@ -14,7 +14,8 @@ import pytest
 
 from hone.errors import InputError
 from hone.eval.agent import agent_accuracy, agent_config
-from hone.models.loading import load_model, load_tokenizer
+from hone.tokenizer import load_tokenizer
+from hone.weights.loading import load_model
 
 CONFIG = "configs/tiny/agent_grpo.yaml"  # GuessNumber, 3 turns of 12 tokens
 SEVENS = "777777777777"  # 12 tokens: one whole turn

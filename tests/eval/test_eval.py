@@ -32,7 +32,8 @@ def reward_dir(tmp_path_factory):
     """A random-init reward model on the tiny backbone, saved as `hone export` writes one."""
     from flax import nnx
 
-    from hone.models.reward import RewardModel, save_reward_model
+    from hone.models.reward import RewardModel
+    from hone.weights.hf_reward import save_reward_model
     model = RewardModel(hone.load_model("tiny", seed=3), rngs=nnx.Rngs(1))
     return save_reward_model(model, tmp_path_factory.mktemp("rm") / "rm",
                              hone.load_tokenizer("tiny"))

@@ -19,9 +19,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fuzz_common import EXAMPLES, FUZZ, HOSTILE_INTS, Scratch, anywhere, clear_or_ok
-from hone.models.gguf import read_gguf
-from hone.models.gguf_format import open_gguf, read_metadata
-from hone.models.hf_config import config_from_hf
+from hone.weights.gguf import read_gguf
+from hone.weights.gguf_format import open_gguf, read_metadata
+from hone.weights.hf_config import config_from_hf
 
 SCRATCH = Scratch("gguf")
 V, D, N, K, H, F = 16, 8, 2, 1, 4, 16  # vocab, hidden, heads, kv heads, head dim, MLP width

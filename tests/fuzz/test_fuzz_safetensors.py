@@ -24,10 +24,10 @@ from hypothesis import strategies as st
 
 from fuzz_common import EXAMPLES, FUZZ, HOSTILE_INTS, Scratch, anywhere, clear_or_ok
 from hone.models.config import ModelConfig
-from hone.models.hf import SafetensorsFolder, load_hf, read_json
-from hone.models.hf_config import config_from_hf, config_to_hf
 from hone.models.transformer import Transformer
-from hone.models.weights import hf_name_table, hf_shape
+from hone.weights.assemble import hf_name_table, hf_shape
+from hone.weights.hf import SafetensorsFolder, load_hf, read_json
+from hone.weights.hf_config import config_from_hf, config_to_hf
 
 SCRATCH = Scratch("safetensors")
 CONFIG = ModelConfig(family="llama", vocab_size=16, hidden_size=8, intermediate_size=16,

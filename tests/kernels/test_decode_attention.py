@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from hone.kernels.attention import decode_attention
+from hone.kernels.decode_attention import decode_attention
 from hone.models.attention import Attention, make_mask
 from hone.models.config import ModelConfig
 

@@ -21,9 +21,9 @@ import hone
 from hone.models.config import ModelConfig
 from hone.models.lora import (LoRAParam, apply_lora, linears, lora_modules, lora_state,
                               merge_lora)
-from hone.models.peft import save_peft
 from hone.models.quant import QuantizedKernel
 from hone.models.transformer import Transformer
+from hone.weights.peft import save_peft
 
 CFG = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=2,
                   num_heads=4, num_kv_heads=2, head_dim=16)

@@ -23,7 +23,6 @@ from hone.config import ModelSection, MoeSection, SFTConfig, TrainSection
 from hone.losses import sft_loss
 from hone.losses.moe import load_balancing_loss, z_loss
 from hone.models.config import PRESETS, MoE
-from hone.models.hf import load_hf
 from hone.models.moe import RoutedMLP
 from hone.models.transformer import pop_router_sums
 from hone.sampling.generate import generate
@@ -31,6 +30,7 @@ from hone.train.build import prepare_for_training
 from hone.train.optimizer import build_optimizer
 from hone.train.state import flatten, new_train_state, split_model
 from hone.train.step import make_train_step
+from hone.weights.hf import load_hf
 
 # Tied and untied embeddings, renormalised and raw top-k weights, a dense layer among routed
 # ones (mlp_only_layers, decoder_sparse_step), a shared expert with its gate.

@@ -20,13 +20,13 @@ import hone
 from hone.config import LoraSection, ModelSection, SFTConfig, TrainSection
 from hone.errors import InputError
 from hone.models.lora import apply_lora, expert_lora_modules, merge_lora
-from hone.models.peft import save_peft
 from hone.models.quant import NF4_LEVELS
 from hone.recipes.sft import sft_step_loss, target_tokens
 from hone.train.build import prepare_for_training
 from hone.train.optimizer import build_optimizer
 from hone.train.state import flatten, new_train_state, split_model, unflatten
 from hone.train.step import make_train_step
+from hone.weights.peft import save_peft
 
 EXPERTS = r".*/(attn/(q|v)|mlp/experts/(gate|up|down))"
 TOKENS = np.random.default_rng(0).integers(3, 264, (2, 10)).astype(np.int32)

@@ -7,8 +7,8 @@ import transformers
 from flax import nnx
 
 from hone.models.config import PRESETS, ModelConfig
-from hone.models.hf_config import config_from_hf, config_to_hf
 from hone.models.transformer import Transformer
+from hone.weights.hf_config import config_from_hf, config_to_hf
 
 
 def hone_count(cfg: ModelConfig) -> int:

@@ -8,7 +8,7 @@ mixture-of-experts config configs/tiny/moe_ALGO.yaml). A MESH is
 `data,fsdp,tp[,seq][,eN][,mode]` (seq: tokens of each row split that many ways; eN: experts
 split N ways over mesh.expert; e.g. `1,1,1,4`, `1,4,1,2`, `2,1,1,e4`, `8,1,1,allreduce`);
 `elastic` instead of ALGO runs the elastic-restore scenario, `ring` the ring-attention check
-(hone/parallel/sequence.py against dense), `moe` the expert-parallel scenario (`moe_meshes`).
+(hone/parallel/ring_attention.py against dense), `moe` the expert-parallel scenario (`moe_meshes`).
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def replica_check() -> None:
 
 
 def ring_check() -> None:
-    """hone.parallel.sequence on 8 devices: ring attention against dense (outputs and the
+    """hone.parallel.ring_attention on 8 devices: ring attention against dense (outputs and the
     gradients of q, k and v) for masks with left and right padding, packed segments, a sliding
     window with a soft-cap, and shared-prefix branches, on (seq 4) and (fsdp 2, seq 2, tp 2);
     place_batch's token split and its error for rows seq does not divide; place_model's hook."""
@@ -114,7 +114,7 @@ def ring_check() -> None:
     from hone.models.masks import MaskSpec
     from hone.models.transformer import Transformer
     from hone.parallel.mesh import build_mesh
-    from hone.parallel.sequence import RingAttention
+    from hone.parallel.ring_attention import RingAttention
 
     b, t, n, kv, h = 4, 16, 4, 2, 8
     rng = np.random.default_rng(0)

@@ -1,4 +1,4 @@
-"""Sharded loading (hone/models/sharded_load.py): every parameter created on its mesh sharding.
+"""Sharded loading (hone/weights/sharded_load.py): every parameter created on its mesh sharding.
 
 - `hf_block` (hone block -> HF read) against slicing the whole converted tensor, for every
   layout kind, including blocks that split trailing axes (the superset-read fallback).
@@ -54,8 +54,8 @@ def run_worker(case: str, tmp_path) -> dict:
 @pytest.mark.parametrize("shape,kind", [((6,), "same"), ((8, 6), "same"), ((6, 4, 3), "in"),
                                         ((6, 5), "in"), ((4, 3, 6), "out"), ((4, 3), "bias")])
 def test_hf_block_equals_the_block_of_the_whole_converted_tensor(shape, kind):
-    from hone.models.sharded_load import hf_block
-    from hone.models.weights import hf_shape, to_hone
+    from hone.weights.sharded_load import hf_block
+    from hone.weights.assemble import hf_shape, to_hone
     rng = np.random.default_rng(0)
     full_hf = rng.standard_normal(hf_shape(shape, kind)).astype(np.float32)
     want_all = to_hone(full_hf, shape, kind)
@@ -119,7 +119,7 @@ def worker_safetensors(tmp: Path) -> dict:
 
     import hone
     from hone.models.config import PRESETS
-    from hone.models.sharded_load import init_sharded
+    from hone.weights.sharded_load import init_sharded
     from hone.models.transformer import Transformer
     from hone.parallel import Layout
     tiny = PRESETS["tiny"]

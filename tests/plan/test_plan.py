@@ -13,7 +13,7 @@ import pytest
 from hone.models.config import PRESETS
 from hone.plan import PlanInput, make_plan, suggestions
 from hone.plan.budget import HEADROOM
-from hone.plan.rollout import cache_bytes
+from hone.plan.rollout_memory import cache_bytes
 from hone.plan.weights import frozen_bytes, lora_params, weight_lines
 
 TINY = PRESETS["tiny"]  # V 264, D 64, F 128, L 2, N 4, K 2, H 16, tied
@@ -136,7 +136,7 @@ def _measured_sft(overrides: list[str]) -> tuple[float, float]:
     from hone.config import SFTConfig, load_config
     from hone.models.transformer import Transformer
     from hone.plan import from_config
-    from hone.recipes.sft import sft_step_loss, target_tokens
+    from hone.train.sft_objective import sft_step_loss, target_tokens
     from hone.train.build import compile_steps, make_layout, prepare_for_training
     arch = PRESETS["smollm2-135m"].replace(num_layers=2, layer_types=())
     cfg = load_config(SFTConfig, None, ["mesh.data=1", "train.batch_size=4",

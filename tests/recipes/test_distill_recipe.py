@@ -23,8 +23,8 @@ QUIET = dict(log=lambda s: None)
 @pytest.fixture(scope="module")
 def teacher(tmp_path_factory) -> str:
     """A tiny model fine-tuned on the arithmetic set for 40 steps, as a Hugging Face folder."""
-    from hone.models.hf import save_hf
-    from hone.models.loading import load_tokenizer
+    from hone.weights.hf import save_hf
+    from hone.tokenizer import load_tokenizer
     from hone.recipes.sft import run_sft
     root = tmp_path_factory.mktemp("teacher")
     cfg = load_config(SFTConfig, str(ROOT / "configs/tiny/sft.yaml"), [
@@ -132,7 +132,7 @@ def test_resume_continues_exactly_and_exports(tmp_path, teacher):
     import shutil
 
     import transformers
-    from hone.recipes.export import export_run
+    from hone.export import export_run
     cfg = config(tmp_path, teacher, "train.max_steps=6", "train.eval_every=0",
                  "data.eval_path=null", "checkpoint.every_steps=3")
     _, straight = run_distill(cfg, **QUIET)
@@ -151,8 +151,8 @@ def other_model(tmp_path, **changes) -> str:
     import dataclasses
 
     from hone.models.config import preset
-    from hone.models.hf import save_hf
-    from hone.models.loading import load_tokenizer
+    from hone.weights.hf import save_hf
+    from hone.tokenizer import load_tokenizer
     from hone.models.transformer import Transformer
     base = preset("tiny")
     layers = changes.get("num_layers", base.num_layers)

@@ -11,8 +11,8 @@ import transformers
 
 from hone.cli import main
 from hone.config import DPOConfig, RewardConfig, load_config
+from hone.export import load_run_model
 from hone.recipes.dpo import run_dpo
-from hone.recipes.export import load_run_model
 from hone.recipes.reward import run_reward
 from hone.train.reference import reference_mode
 

@@ -10,7 +10,7 @@ import transformers
 
 import hone
 from hone.cli import main
-from hone.recipes.export import load_run_model
+from hone.export import load_run_model
 
 ROOT = Path(__file__).resolve().parents[2]
 TOL = 1e-4  # fixed; never loosened

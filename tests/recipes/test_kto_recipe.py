@@ -17,13 +17,13 @@ from hone.cli import main
 from hone.config import GRPOConfig, KTOConfig, load_config
 from hone.data.kto import KTOData, class_balance
 from hone.errors import InputError
-from hone.models.loading import load_tokenizer
-from hone.recipes.grpo import run_grpo
 from hone.models.config import PRESETS
 from hone.models.transformer import Transformer
+from hone.recipes.grpo import run_grpo
 from hone.recipes.kto import make_kto_loss, make_kto_step, run_kto
-from hone.train.state import flatten, new_train_state, split_model
+from hone.tokenizer import load_tokenizer
 from hone.train.loop import Interrupted
+from hone.train.state import flatten, new_train_state, split_model
 from preempt import stop_on_batch
 
 ROOT = Path(__file__).resolve().parents[2]

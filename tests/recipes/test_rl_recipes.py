@@ -17,8 +17,9 @@ from grpo_sgd import sgd_update
 from hone.config import GRPOConfig, PPOConfig, load_config
 from hone.models.config import PRESETS
 from hone.models.transformer import Transformer
-from hone.recipes.grpo import make_scoring, model_logp, run_grpo
+from hone.recipes.grpo import run_grpo
 from hone.recipes.ppo import run_ppo
+from hone.rl.grpo_objective import make_scoring, model_logp
 from hone.rl.policy_metrics import diagnostics
 from hone.train.loop import Interrupted
 
@@ -191,7 +192,7 @@ def test_tiny_ppo_raises_mean_reward(tmp_path):
 
 def test_ppo_with_lora_and_a_separate_critic_exports_its_policy(tmp_path):
     from hone.models.lora import merge_lora
-    from hone.recipes.export import export_run
+    from hone.export import export_run
     cfg = config(PPOConfig, "ppo", tmp_path / "run", "train.max_steps=2", "data.eval_path=null",
                  "model.lora.rank=4", "ppo.critic=separate", "ppo.minibatches=2")
     model, state, _ = run_ppo(cfg, **QUIET)
@@ -206,7 +207,8 @@ def test_ppo_with_lora_and_a_separate_critic_exports_its_policy(tmp_path):
 
 def test_rewards_section_wires_a_reward_model_and_checks_columns(tmp_path):
     from hone.errors import InputError
-    from hone.models.reward import RewardModel, save_reward_model
+    from hone.models.reward import RewardModel
+    from hone.weights.hf_reward import save_reward_model
     from hone.rl.reward_specs import make_rewards
     from hone.rl.prompts import PromptData
     tok = hone.load_tokenizer("tiny")

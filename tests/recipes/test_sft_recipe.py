@@ -100,7 +100,7 @@ def test_bad_input_leaves_an_earlier_run_untouched(tmp_path, capsys):
 def test_the_sft_loss_over_chunks_of_the_lm_head_is_the_whole_rows_loss():
     """train.head_chunk: the SFT loss and every parameter's gradient from the LM head run over
     chunks of 7 positions (a ragged last chunk) equal those of the whole row's logits (1e-5)."""
-    from hone.recipes.sft import sft_step_loss
+    from hone.train.sft_objective import sft_step_loss
     model = hone.load_model("tiny", seed=4)
     rng = np.random.default_rng(0)
     tokens = rng.integers(1, 200, (2, 23)).astype(np.int32)

@@ -10,10 +10,10 @@ from flax import nnx
 
 from hone.config import RewardConfig, SFTConfig, load_config
 from hone.errors import InputError
-from hone.models.loading import load_model
 from hone.recipes.reward import run_reward
 from hone.train.build import build_model, build_reward_model
 from hone.train.state import flatten
+from hone.weights.loading import load_model
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,12 +12,13 @@ from flax import nnx
 
 from hone.errors import InputError
 from hone.models.config import PRESETS
-from hone.models.reward import RewardModel, save_reward_model
+from hone.models.reward import RewardModel
 from hone.models.transformer import Transformer
 from hone.rl import reward_model_scorer
 from hone.rl.rewards import (answer_match, build_rewards, format_match, length_penalty,
                              overlong_penalty)
 from hone.tokenizer import Tokenizer
+from hone.weights.hf_reward import save_reward_model
 
 PROMPTS = ["q1", "q2", "q3", "q4"]
 COMPLETIONS = ["3 + 4 = 7. The answer is 7.", "The answer is 8.", "I think 12", "no idea"]

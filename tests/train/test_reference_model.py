@@ -15,7 +15,6 @@ from flax import nnx
 
 from hone.config import DPOConfig, GRPOConfig, PPOConfig, load_config
 from hone.losses import token_logprobs
-from hone.models.loading import load_model
 from hone.models.lora import LoRAParam
 from hone.recipes import grpo, ppo
 from hone.rl.critic import build_ppo_model
@@ -23,6 +22,7 @@ from hone.rl.remote_reference import RemoteReference
 from hone.train.build import build_model
 from hone.train.reference import reference_mode, reference_model
 from hone.train.state import flatten, split_model
+from hone.weights.loading import load_model
 
 ROOT = Path(__file__).resolve().parents[2]
 P, M = 6, 4  # prompt slots, completion slots: rows of P + M tokens

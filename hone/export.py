@@ -19,7 +19,7 @@ def load_run_model(run_dir: str | Path):
 
     from hone.checkpoint import Checkpointer
     from hone.config import COMMANDS, load_config
-    from hone.models.loading import load_tokenizer
+    from hone.tokenizer import load_tokenizer
     from hone.train.build import build_model, build_reward_model
     from hone.train.state import split_model, unflatten
 
@@ -56,10 +56,11 @@ def load_run_model(run_dir: str | Path):
 
 
 def export_run(run_dir: str | Path, out_dir: str | Path, fmt: str = "hf") -> Path:
-    from hone.models.hf import save_hf
+    from hone.weights.hf import save_hf
     from hone.models.lora import expert_lora_modules, lora_modules, merge_lora
-    from hone.models.peft import save_peft
-    from hone.models.reward import RewardModel, save_reward_model
+    from hone.weights.peft import save_peft
+    from hone.models.reward import RewardModel
+    from hone.weights.hf_reward import save_reward_model
 
     model, tokenizer, cfg = load_run_model(run_dir)
     has_adapters = bool(lora_modules(model) or expert_lora_modules(model))

@@ -3,7 +3,7 @@ and the greedy held-out evaluation of a model as an agent.
 
 `AgentRollouts.collect(state, prompt_batch, step)` plays G episodes of each record of the batch
 (`hone.agents.rollout`), sums each episode's rewards and lays the episodes out as rows
-(`hone.agents.layout.episode_rows`). The sampler's seed is `step_seed(run seed, step)` and each
+(`hone.agents.episode_rows.episode_rows`). The sampler's seed is `step_seed(run seed, step)` and each
 environment's seed is derived from it, the record's place in the batch and the copy, so a
 resumed run plays the episodes an uninterrupted run would have.
 """
@@ -15,9 +15,9 @@ import time
 import numpy as np
 from flax import nnx
 
-from hone.agents.layout import episode_rows
+from hone.agents.episode_rows import episode_rows
 from hone.agents.rollout import Episode, episode_metrics, rollout
-from hone.datasets.arithmetic import is_correct
+from hone.grading import is_correct
 from hone.rl.rollout import step_seed
 from hone.train.state import unflatten
 

@@ -1,4 +1,4 @@
-"""Tests for hone/models/gguf_format.py: the GGUF container on its own.
+"""Tests for hone/weights/gguf_format.py: the GGUF container on its own.
 
 - Metadata written by `gguf.GGUFWriter` (every value type, random values) reads back as written;
   string arrays are decoded exactly for the keys asked for, and walked over otherwise.
@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hone.errors import InputError
-from hone.models.gguf import read_gguf
-from hone.models.gguf_format import SkippedArray, open_gguf, read_metadata
+from hone.weights.gguf import read_gguf
+from hone.weights.gguf_format import SkippedArray, open_gguf, read_metadata
 
 T = GGUFValueType
 TOKENS = ["<s>", "</s>", "hello", " wor", "ld", "▁é", "世界", ""]

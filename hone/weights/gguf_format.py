@@ -2,8 +2,8 @@
 
 This file is hone's only GGUF parser. `read_metadata(path)` returns the key-value section (what the
 tokenizer needs); `open_gguf(path)` also returns the tensor directory and keeps the file mapped so
-`hone.models.gguf` can read tensor bytes in place. What the keys and tensors *mean* lives with
-their users: `hone.models.gguf` (HF config and weights) and `hone.tokenizer` (vocabularies).
+`hone.weights.gguf` can read tensor bytes in place. What the keys and tensors *mean* lives with
+their users: `hone.weights.gguf` (HF config and weights) and `hone.tokenizer` (vocabularies).
 
 Design choices:
 - `struct` over an mmap instead of `gguf.GGUFReader`. The reader builds one numpy array per
@@ -88,6 +88,33 @@ class GGUFFile:
     def tensor_bytes(self, info: TensorInfo) -> np.ndarray:
         """The raw bytes of one tensor ([nbytes] uint8), a view into the mapping: copy to keep."""
         return np.frombuffer(self.buf, dtype=np.uint8, count=info.nbytes, offset=info.start)
+
+
+def meta_value(meta: dict[str, Any], key: str, path: Path, default: Any = ..., kind: type = int,
+         positive: bool = False) -> Any:
+    """One metadata value of the expected kind; a missing required key is an InputError.
+
+    `positive` guards sizes and counts: a zero there would surface later as a ZeroDivisionError
+    or a reshape error that names neither the file nor the key.
+    """
+    if key not in meta:
+        if default is ...:
+            raise InputError("required GGUF metadata is missing", path=str(path), key=key)
+        return default
+    value = meta[key]
+    if isinstance(value, np.ndarray) and value.size >= 1 and (value == value.flat[0]).all():
+        value = value.flat[0].item()  # a per-layer array with one value throughout
+    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if kind is int and isinstance(value, int) and not isinstance(value, bool):
+        if positive and value <= 0:
+            raise InputError(f"GGUF metadata has value {value}; expected a positive integer",
+                             path=str(path), key=key)
+        return value
+    if kind is str and isinstance(value, str):
+        return value
+    raise InputError(f"GGUF metadata has value {value!r}; expected a single {kind.__name__}",
+                     path=str(path), key=key)
 
 
 def read_metadata(path: str | Path, *, arrays: Collection[str] = ()) -> dict[str, Any]:

@@ -4,7 +4,7 @@ states) plus agreement of greedy answers on held-out prompts.
 
 The teacher is frozen, so its greedy answers are generated once and reused at every evaluation;
 only the student answers again. Two answers agree when their texts are equal; their final
-answers agree when `hone.datasets.arithmetic.extract_answer` reads the same number from both
+answers agree when `hone.grading.extract_answer` reads the same number from both
 (the bundled tasks), and accuracy compares with the reference completion the same way.
 """
 
@@ -12,39 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hone.data.loader import load_records
-from hone.data.sft import Where, detect_format, parse_messages
-from hone.datasets.arithmetic import extract_answer
-
-
-def prompts_of(path: str, tokenizer, limit: int | None = None,
-               records: list[dict] | None = None) -> tuple[list[str], list[str | None], list]:
-    """(prompt texts ready to continue, reference completions or None, the prompt messages or
-    prompt strings) of the records of `path`: chat `messages` (every turn but the last
-    assistant one) or `prompt`/`completion`. Text-only records have no prompt: empty lists."""
-    records = load_records(path, records, limit)
-    fmt = detect_format(records[0], path, 0)
-    prompts, refs, raw = [], [], []
-    for index, record in enumerate(records):
-        where = Where(path, index)
-        if fmt == "messages":
-            messages = parse_messages(record.get("messages"), where, "messages")
-            if messages[-1]["role"] == "assistant":
-                messages, ref = messages[:-1], messages[-1]["content"]
-            else:
-                ref = None
-            prompts.append(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
-            refs.append(ref)
-            raw.append(messages)
-        elif fmt == "prompt_completion":
-            prompt = where.string(where.field(record, "prompt"), "prompt")
-            completion = record.get("completion")
-            prompts.append(prompt)
-            refs.append(completion if isinstance(completion, str) else None)
-            raw.append(prompt)
-        else:
-            return [], [], []
-    return prompts, refs, raw
+from hone.grading import extract_answer
 
 
 class GreedyAgreement:
@@ -82,7 +50,7 @@ class GreedyAgreement:
         return out
 
 
-def eval_means(total: dict) -> dict:
+def distill_eval_means(total: dict) -> dict:
     """Held-out means from summed eval metrics (keys prefixed eval_)."""
     targets = max(float(total.get("eval_targets", 0.0)), 1.0)
     out = {"eval_kl": total["eval_kl_sum"] / targets,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hone.distill.evaluate import prompts_of
+from hone.data.sft_prompts import prompts_of
 from hone.errors import InputError
 
 FILE = "teacher_data.jsonl"

@@ -41,7 +41,7 @@ from safetensors import SafetensorError
 from hone.errors import InputError
 from hone.models.config import ModelConfig
 from hone.models.transformer import Transformer
-from hone.models.weights import (DictSource, hf_name_table, hf_shape, missing_names,
+from hone.weights.assemble import (DictSource, hf_name_table, hf_shape, missing_names,
                                  read_experts, stored_name)
 
 Index = tuple[slice, ...]  # one step-1 slice per axis, bounds resolved
@@ -86,7 +86,7 @@ def _flat_range(block: Index, dims: tuple[int, ...]) -> tuple[slice, tuple[int, 
 def hf_block(read: Callable[[Index], np.ndarray], index: Index, shape: tuple[int, ...],
              kind: str) -> np.ndarray:
     """The block `index` of a hone parameter of `shape`, from `read(hf_index)` of its HF tensor
-    stored with layout `kind` (see hone/models/weights.py)."""
+    stored with layout `kind` (see hone/weights/assemble.py)."""
     if kind == "same":
         return read(index)
     if kind == "bias":  # hone [N, H] <- HF [N*H]

@@ -1,4 +1,4 @@
-"""GGUF files of the mixture-of-experts families (hone/models/gguf_moe.py): each tiny random
+"""GGUF files of the mixture-of-experts families (hone/weights/gguf_moe.py): each tiny random
 transformers model of test_moe.py, written as llama.cpp's converter lays it out (stacked
 `ffn_*_exps` experts, the router as `ffn_gate_inp`, Qwen2-MoE's `*_shexp` shared expert,
 Mixtral as arch `llama` with its Q/K rows permuted), loads with transformers' fp32 logits; an
@@ -19,7 +19,7 @@ from test_moe import logits_of, moe_reference
 
 import hone
 from hone.errors import InputError
-from hone.models.gguf import read_gguf
+from hone.weights.gguf import read_gguf
 
 ARCH = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama"}
 

@@ -10,8 +10,8 @@ from safetensors.numpy import save_file
 import hone
 from hone.errors import InputError
 from hone.models.config import PRESETS
-from hone.models.hf_config import config_to_hf
-from hone.models.weights import hf_tensors
+from hone.weights.assemble import hf_tensors
+from hone.weights.hf_config import config_to_hf
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import transformers
 from reference import CASES, TOL, batch, hf_logits, hf_model, max_diff_on_real_tokens
 
 import hone
-from hone.models.hf import load_hf
+from hone.weights.hf import load_hf
 
 
 @pytest.mark.parametrize("name", list(CASES))

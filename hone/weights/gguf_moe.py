@@ -1,5 +1,5 @@
 """llama.cpp's mixture-of-experts GGUF files: the config keys, tensor names and shapes that
-`hone.models.gguf` adds for `qwen3moe`, `qwen2moe` and Mixtral (arch `llama` with
+`hone.weights.gguf` adds for `qwen3moe`, `qwen2moe` and Mixtral (arch `llama` with
 `llama.expert_count`).
 
 The layout, checked against the gguf package's constants.py / tensor_mapping.py and llama.cpp's
@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from hone.errors import InputError
-from hone.models.gguf_format import TensorInfo
+from hone.weights.gguf_format import TensorInfo, meta_value
 
 MOE_ARCHS = ("qwen2moe", "qwen3moe")  # MoE-only architectures; Mixtral rides on "llama"
 
@@ -51,16 +51,14 @@ def routed_layers(n_layers: int, infos: dict[str, TensorInfo]) -> list[int]:
 def moe_config(arch: str, meta: dict[str, Any], infos: dict[str, TensorInfo], path: Path,
                config: dict[str, Any]) -> dict[str, Any]:
     """The HF config keys of an MoE file, on top of the attention/norm keys `config` holds."""
-    from hone.models.gguf import _get  # gguf imports this module; _get is read at call time
-
     p = f"{arch}."
     n_layers = config["num_hidden_layers"]
-    experts = _get(meta, p + "expert_count", path, positive=True)
-    used = _get(meta, p + "expert_used_count", path, positive=True)
+    experts = meta_value(meta, p + "expert_count", path, positive=True)
+    used = meta_value(meta, p + "expert_used_count", path, positive=True)
     if used > experts:
         raise InputError(f"{p}expert_used_count {used} exceeds {p}expert_count {experts}",
                          path=str(path), key=p + "expert_used_count")
-    scale = _get(meta, p + "expert_weights_scale", path, default=1.0, kind=float)
+    scale = meta_value(meta, p + "expert_weights_scale", path, default=1.0, kind=float)
     if scale not in (0.0, 1.0):  # 0: llama.cpp's "unset". Neither family scales its routing
         # weights, so an HF config cannot hold a scale: refused rather than dropped
         raise InputError(f"expert weights scaled by {scale} are not supported", path=str(path),
@@ -75,7 +73,7 @@ def moe_config(arch: str, meta: dict[str, Any], infos: dict[str, TensorInfo], pa
         if dense:
             raise InputError(f"layer {dense[0]} has no router; Mixtral routes every layer",
                              path=str(path), key=f"blk.{dense[0]}.ffn_gate_inp.weight")
-        width = _get(meta, p + "expert_feed_forward_length", path,
+        width = meta_value(meta, p + "expert_feed_forward_length", path,
                      default=config["intermediate_size"], positive=True)
         if width != config["intermediate_size"]:
             raise InputError(f"expert width {width} differs from {p}feed_forward_length "
@@ -98,7 +96,7 @@ def moe_config(arch: str, meta: dict[str, Any], infos: dict[str, TensorInfo], pa
     out = dict(model_type=family, architectures=[
         {"qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}[family]],
         hidden_act="silu", num_experts=experts, num_experts_per_tok=used,
-        moe_intermediate_size=_get(meta, p + "expert_feed_forward_length", path, positive=True),
+        moe_intermediate_size=meta_value(meta, p + "expert_feed_forward_length", path, positive=True),
         norm_topk_prob=bool(norm), mlp_only_layers=dense, decoder_sparse_step=1,
         use_sliding_window=False)
     if arch == "qwen2moe":
@@ -106,7 +104,7 @@ def moe_config(arch: str, meta: dict[str, Any], infos: dict[str, TensorInfo], pa
         shexp = infos.get(f"blk.{routed[0]}.ffn_gate_shexp.weight")
         # (`...`: no tensor to read it from, so the key is required)
         width = shexp.shape[0] if shexp is not None and len(shexp.shape) == 2 else ...
-        out.update(shared_expert_intermediate_size=_get(
+        out.update(shared_expert_intermediate_size=meta_value(
                        meta, p + "expert_shared_feed_forward_length", path, default=width,
                        positive=True),
                    qkv_bias="blk.0.attn_q.bias" in infos)

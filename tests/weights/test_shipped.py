@@ -1,4 +1,4 @@
-"""Tests for hone/models/shipped.py and the two shipped GGUF files read by hone/models/gguf.py.
+"""Tests for hone/weights/shipped.py and the two shipped GGUF files read by hone/weights/gguf.py.
 
 - `shipped_gguf_path` names the packages to install when they are missing, and assembles the
   Gemma 3 270M file into the cache once.
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from hone.errors import InputError
-from hone.models.gguf import read_gguf, shipped_gguf_path
+from hone.weights.gguf import read_gguf, shipped_gguf_path
 
 
 def test_shipped_unknown_name():

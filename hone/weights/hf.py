@@ -22,9 +22,9 @@ from safetensors.numpy import save_file
 
 from hone.errors import InputError
 from hone.fileio import atomic_folder
-from hone.models.hf_config import config_from_hf, config_to_hf
 from hone.models.transformer import Transformer
-from hone.models.weights import build_model, hf_tensors
+from hone.weights.assemble import build_model, hf_tensors
+from hone.weights.hf_config import config_from_hf, config_to_hf
 
 _INDEX = "model.safetensors.index.json"
 _SINGLE = "model.safetensors"
@@ -107,7 +107,7 @@ class SafetensorsFolder:
 
     def get_slice(self, name: str):
         """A lazy view of one tensor: `.get_shape()`, and `[slices]` reads only that block
-        (what sharded loading uses, hone/models/sharded_load.py)."""
+        (what sharded loading uses, hone/weights/sharded_load.py)."""
         try:
             view = self.handles[self.file_of[name]].get_slice(name)
             dtype = view.get_dtype()
@@ -123,13 +123,13 @@ class SafetensorsFolder:
 
 def load_hf(folder: str | Path, dtype=jnp.float32, *, layout=None) -> Transformer:
     """A Transformer from a Hugging Face checkpoint folder. With a `layout` that has a mesh,
-    each device reads only its block of each tensor (hone/models/sharded_load.py)."""
+    each device reads only its block of each tensor (hone/weights/sharded_load.py)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise InputError("not a folder", path=str(folder))
     cfg = config_from_hf(read_json(folder / "config.json"), str(folder / "config.json"))
     if layout is not None and layout.mesh is not None:
-        from hone.models.sharded_load import build_sharded
+        from hone.weights.sharded_load import build_sharded
         return build_sharded(cfg, SafetensorsFolder(folder), dtype, layout)
     return build_model(cfg, SafetensorsFolder(folder), dtype)
 

@@ -3,7 +3,7 @@
 The schema is the one place where a key's type, default, rule and meaning are written (the meaning
 as the `#` comment above each field), so the reference is derived from it rather than kept by
 hand; tests/config/test_reference.py fails when the file is stale or a field has no comment.
-`python -m hone.config.reference` prints it, `--write` rewrites docs/configuration.md.
+`python -m hone.config.reference_doc` prints it, `--write` rewrites docs/configuration.md.
 Design choices:
 
 - A field's description is the block of comment lines directly above it (no blank line between)
@@ -35,7 +35,7 @@ import yaml
 
 from hone.config import COMMANDS
 from hone.config.fields import fields_of, is_section, unwrap_optional
-from hone.config.yaml_io import _Dumper
+from hone.config.yaml_io import QuotingDumper
 
 OUTPUT = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 _BOUNDS = {"min": ">=", "gt": ">", "max": "<=", "lt": "<"}  # lower bounds first
@@ -116,7 +116,7 @@ def sections() -> list[Section]:
 def to_yaml(value: Any) -> str:
     """A value as run_dir/config.yaml writes it (and as an override may give it back)."""
     value = list(value) if isinstance(value, tuple) else value
-    return yaml.dump(value, Dumper=_Dumper, width=10**6).removesuffix("\n...\n").strip()
+    return yaml.dump(value, Dumper=QuotingDumper, width=10**6).removesuffix("\n...\n").strip()
 
 
 def _get(cfg: Any, dotted: str) -> Any:
@@ -217,7 +217,7 @@ def reference() -> str:
     shared = [s for s in all_sections if len(s.commands) == len(COMMANDS)]
     lines = [
         "# Configuration reference", "",
-        "<!-- Generated from hone/config/*schema.py by `python -m hone.config.reference --write`;"
+        "<!-- Generated from hone/config/*schema.py by `python -m hone.config.reference_doc --write`;"
         " edit the schema's comments, not this file. -->", "",
         "A training command reads its config from a YAML file of sections, then applies dotted "
         "overrides in order: `hone <command> --config FILE [section.key=value ...]`. Every key has "

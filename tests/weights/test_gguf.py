@@ -1,4 +1,4 @@
-"""Tests for hone/models/gguf.py: GGUF -> HF config + tensors.
+"""Tests for hone/weights/gguf.py: GGUF -> HF config + tensors.
 
 - Synthetic files written with `gguf.GGUFWriter` from known HF tensors (with llama.cpp's Q/K row
   permutation and Gemma's +1 norm offset applied here, independently of the reader) must read
@@ -22,9 +22,9 @@ from gguf import GGMLQuantizationType as QT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import hone.models.gguf as hg
+import hone.weights.gguf as hg
 from hone.errors import InputError
-from hone.models.gguf import read_gguf
+from hone.weights.gguf import read_gguf
 
 # Tiny llama: D=64 so rows split into Q8_0 blocks of 32; F=96 (3 blocks) for down_proj rows.
 V, D, F, N, K, H, L = 100, 64, 96, 4, 2, 16, 2

@@ -1,4 +1,4 @@
-"""Sequence parallelism (hone/parallel/sequence.py, mesh.seq): ring attention equals dense
+"""Sequence parallelism (hone/parallel/ring_attention.py, mesh.seq): ring attention equals dense
 attention, values and gradients, for every kind of mask, on (seq 4) and (fsdp 2, seq 2, tp 2),
 and so does the whole tiny model's forward and backward pass (blocks looped, and scanned with
 remat);

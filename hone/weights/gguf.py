@@ -4,17 +4,17 @@
 and a dict from HF parameter names (`model.layers.0.self_attn.q_proj.weight`, [out, in] like a torch
 Linear) to dense numpy arrays. Everything downstream then sees one input format, whether the
 weights came from safetensors or from a GGUF file. The container itself (header, metadata, tensor
-directory, bounds checks) is parsed by `hone.models.gguf_format`; `shipped_gguf_path` lives in
-`hone.models.shipped` and is re-exported here.
+directory, bounds checks) is parsed by `hone.weights.gguf_format`; `shipped_gguf_path` lives in
+`hone.weights.shipped` and is re-exported here.
 
 Design choices:
 - Architectures "llama" (SmolLM2, Llama) and "gemma3", and the mixture-of-experts "qwen3moe",
   "qwen2moe" and Mixtral ("llama" with `llama.expert_count`), whose config keys, tensor names and
-  stacked expert tensors `hone.models.gguf_moe` owns. Anything else is refused by name rather
+  stacked expert tensors `hone.weights.gguf_moe` owns. Anything else is refused by name rather
   than loaded half-right: a wrong tensor layout gives a model that runs and talks nonsense.
 - Vocabulary string arrays are not decoded here (the tokenizer reads them): `open_gguf` skips them.
 - Dequantization is `gguf.quants.dequantize`, the code transformers' own GGUF loader calls, so
-  the weights agree with it bit for bit (checked in tests/models/test_shipped.py).
+  the weights agree with it bit for bit (checked in tests/weights/test_shipped.py).
 - Two fixes undo what llama.cpp's converter does: Llama Q/K rows are stored with the rotary
   halves interleaved, and Gemma norm weights are stored with the +1 of `(1 + w)` folded in.
   Each was once missed, and the model still ran: loss on English prose 4.06 nats per token
@@ -36,9 +36,9 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
 from hone.errors import InputError
-from hone.models import gguf_moe
-from hone.models.gguf_format import GGUFFile, TensorInfo, open_gguf
-from hone.models.shipped import SHIPPED_MODELS, shipped_gguf_path
+from hone.weights import gguf_moe
+from hone.weights.gguf_format import GGUFFile, TensorInfo, meta_value, open_gguf
+from hone.weights.shipped import SHIPPED_MODELS, shipped_gguf_path
 
 __all__ = ["SHIPPED_MODELS", "read_gguf", "shipped_gguf_path"]
 
@@ -47,31 +47,6 @@ __all__ = ["SHIPPED_MODELS", "read_gguf", "shipped_gguf_path"]
 # Config
 
 
-def _get(meta: dict[str, Any], key: str, path: Path, default: Any = ..., kind: type = int,
-         positive: bool = False) -> Any:
-    """One metadata value of the expected kind; a missing required key is an InputError.
-
-    `positive` guards sizes and counts: a zero there would surface later as a ZeroDivisionError
-    or a reshape error that names neither the file nor the key.
-    """
-    if key not in meta:
-        if default is ...:
-            raise InputError("required GGUF metadata is missing", path=str(path), key=key)
-        return default
-    value = meta[key]
-    if isinstance(value, np.ndarray) and value.size >= 1 and (value == value.flat[0]).all():
-        value = value.flat[0].item()  # a per-layer array with one value throughout
-    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if kind is int and isinstance(value, int) and not isinstance(value, bool):
-        if positive and value <= 0:
-            raise InputError(f"GGUF metadata has value {value}; expected a positive integer",
-                             path=str(path), key=key)
-        return value
-    if kind is str and isinstance(value, str):
-        return value
-    raise InputError(f"GGUF metadata has value {value!r}; expected a single {kind.__name__}",
-                     path=str(path), key=key)
 
 
 def _hf_config(arch: str, meta: dict[str, Any], infos: dict[str, TensorInfo],
@@ -88,25 +63,25 @@ def _hf_config(arch: str, meta: dict[str, Any], infos: dict[str, TensorInfo],
     if vocab == 0 or hidden == 0:
         raise InputError(f"the token embedding has shape {[vocab, hidden]}", path=str(path),
                          key=embed.name)
-    if _get(meta, p + "embedding_length", path) != hidden:
+    if meta_value(meta, p + "embedding_length", path) != hidden:
         raise InputError(f"{p}embedding_length is {meta[p + 'embedding_length']} but the token "
                          f"embedding is {hidden} wide", path=str(path))
-    declared_vocab = _get(meta, p + "vocab_size", path, default=vocab)
+    declared_vocab = meta_value(meta, p + "vocab_size", path, default=vocab)
     if declared_vocab != vocab:
         raise InputError(f"{p}vocab_size is {declared_vocab} but the token embedding has {vocab} "
                          f"rows", path=str(path))
-    heads = _get(meta, p + "attention.head_count", path, positive=True)
-    kv_heads = _get(meta, p + "attention.head_count_kv", path, default=heads, positive=True)
-    head_dim = _get(meta, p + "attention.key_length", path, default=hidden // heads,
+    heads = meta_value(meta, p + "attention.head_count", path, positive=True)
+    kv_heads = meta_value(meta, p + "attention.head_count_kv", path, default=heads, positive=True)
+    head_dim = meta_value(meta, p + "attention.key_length", path, default=hidden // heads,
                     positive=True)
     if head_dim % 2:
         raise InputError(f"head dim {head_dim} is odd; rotary embeddings need it even",
                          path=str(path))
-    value_dim = _get(meta, p + "attention.value_length", path, default=head_dim)
+    value_dim = meta_value(meta, p + "attention.value_length", path, default=head_dim)
     if value_dim != head_dim:
         raise InputError(f"key length {head_dim} and value length {value_dim} differ; HF "
                          f"{arch} models use one head_dim", path=str(path))
-    rotary_dim = _get(meta, p + "rope.dimension_count", path, default=head_dim)
+    rotary_dim = meta_value(meta, p + "rope.dimension_count", path, default=head_dim)
     if rotary_dim != head_dim:
         raise InputError(f"rotary dimension {rotary_dim} is not the head dim {head_dim} (partial "
                          f"rotary embeddings are not supported)", path=str(path))
@@ -114,19 +89,19 @@ def _hf_config(arch: str, meta: dict[str, Any], infos: dict[str, TensorInfo],
     config: dict[str, Any] = {
         "vocab_size": vocab,
         "hidden_size": hidden,
-        "intermediate_size": _get(meta, p + "feed_forward_length", path, positive=True),
-        "num_hidden_layers": _get(meta, p + "block_count", path, positive=True),
+        "intermediate_size": meta_value(meta, p + "feed_forward_length", path, positive=True),
+        "num_hidden_layers": meta_value(meta, p + "block_count", path, positive=True),
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
-        "rms_norm_eps": _get(meta, p + "attention.layer_norm_rms_epsilon", path, kind=float),
+        "rms_norm_eps": meta_value(meta, p + "attention.layer_norm_rms_epsilon", path, kind=float),
         # llama.cpp's own default when the key is absent.
-        "rope_theta": _get(meta, p + "rope.freq_base", path, default=10000.0, kind=float),
-        "max_position_embeddings": _get(meta, p + "context_length", path, positive=True),
+        "rope_theta": meta_value(meta, p + "rope.freq_base", path, default=10000.0, kind=float),
+        "max_position_embeddings": meta_value(meta, p + "context_length", path, positive=True),
         "tie_word_embeddings": "output.weight" not in infos,
-        "bos_token_id": _get(meta, "tokenizer.ggml.bos_token_id", path, default=None),
-        "eos_token_id": _get(meta, "tokenizer.ggml.eos_token_id", path, default=None),
-        "pad_token_id": _get(meta, "tokenizer.ggml.padding_token_id", path, default=None),
+        "bos_token_id": meta_value(meta, "tokenizer.ggml.bos_token_id", path, default=None),
+        "eos_token_id": meta_value(meta, "tokenizer.ggml.eos_token_id", path, default=None),
+        "pad_token_id": meta_value(meta, "tokenizer.ggml.padding_token_id", path, default=None),
         "attention_bias": False,
         "rope_scaling": _rope_scaling(meta, p, infos, path),
     }
@@ -155,16 +130,16 @@ def _hf_config(arch: str, meta: dict[str, Any], infos: dict[str, TensorInfo],
             raise InputError(f"has {len(sliding)} entries for {n_layers} layers", path=str(path),
                              key=pattern_key)
     else:  # Gemma 3: every 6th layer (1-based) attends globally; llama.cpp hard-codes the 6
-        every = _get(meta, pattern_key, path, default=6, positive=True)
+        every = meta_value(meta, pattern_key, path, default=6, positive=True)
         sliding = [(i + 1) % every != 0 for i in range(n_layers)]
     config.update(
         model_type="gemma3_text",
         architectures=["Gemma3ForCausalLM"],
         hidden_activation="gelu_pytorch_tanh",
         # Local layers use base 10000; GGUF files only record it in newer converters.
-        rope_local_base_freq=_get(meta, p + "rope.freq_base_swa", path, default=10000.0,
+        rope_local_base_freq=meta_value(meta, p + "rope.freq_base_swa", path, default=10000.0,
                                   kind=float),
-        sliding_window=_get(meta, p + "attention.sliding_window", path, positive=True),
+        sliding_window=meta_value(meta, p + "attention.sliding_window", path, positive=True),
         # Not stored in GGUF. Every Gemma 3 size scales queries by head_dim**-0.5 except the 27B
         # (62 layers), which uses (hidden/heads)**-0.5; llama.cpp decides the same way.
         query_pre_attn_scalar=(hidden // heads) if n_layers == 62 else head_dim,
@@ -184,12 +159,12 @@ def _rope_scaling(meta: dict[str, Any], p: str, infos: dict[str, TensorInfo],
         raise InputError("the file stores Llama 3 rope frequency factors ('rope_freqs.weight'); "
                          "this reader cannot turn them back into an HF rope_scaling config. Load "
                          "the Hugging Face checkpoint instead", path=str(path))
-    kind = _get(meta, p + "rope.scaling.type", path, default="none", kind=str)
+    kind = meta_value(meta, p + "rope.scaling.type", path, default="none", kind=str)
     if kind == "none":
         return None
     if kind == "linear":
         return {"rope_type": "linear",
-                "factor": _get(meta, p + "rope.scaling.factor", path, kind=float)}
+                "factor": meta_value(meta, p + "rope.scaling.factor", path, kind=float)}
     raise InputError(f"rope scaling {kind!r} is not supported (only 'linear')", path=str(path),
                      key=p + "rope.scaling.type")
 

@@ -24,7 +24,7 @@ from hone.errors import InputError
 from hone.fileio import atomic_folder
 from hone.models.lora import expert_lora_modules, lora_modules
 from hone.models.transformer import Transformer
-from hone.models.weights import hf_name_table
+from hone.weights.assemble import hf_name_table
 
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"

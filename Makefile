@@ -52,8 +52,14 @@ demo: $(DEMO_STAMP)
 # SFT step 1.22 -> 0.43 s, the suite 1265 s -> 1028 s, the mesh-parity losses bit-identical.
 # Every parity holds with these; the one test that claims bits of the program users run (the
 # guard's scale of one, tests/train/test_optimizer.py) compiles its step with XLA's defaults.
-# The 30 slowest tests are listed at the end of every run, so the 15-minute budget stays in view.
+# The 30 slowest tests are listed at the end of every run, so the 15-minute budget stays in view,
+# and the first line names the machine (CPU, vector extensions, the fp32 matmul rate measured
+# then, with XLA's default flags). Machines with the same name and flags differ: on 2026-12-04
+# the suite took 627 s of pytest on one 2-core AVX-512 machine and 903 s on an AMD EPYC Zen 4
+# (family 25, model 17) whose fp32 matmul ran at 175 GFLOP/s (FACTS.md measured 445 on another
+# AVX-512 machine), so a suite time is quoted with this line.
 test: $(TEST_STAMP)
+	@$(PY) scripts/machine.py || true
 	@cache=$$(mktemp -d "$${TMPDIR:-/tmp}/hone-test-jax-cache.XXXXXX"); \
 	JAX_COMPILATION_CACHE_DIR=$$cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
 	XLA_FLAGS="$${XLA_FLAGS:+$$XLA_FLAGS }--xla_llvm_disable_expensive_passes=true --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false" \

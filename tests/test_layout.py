@@ -42,7 +42,7 @@ SHARED_NAMES = {
     "step.py": "the jitted update: train's generic step, rl's RL step",
     "command.py": "a `hone X` command's entry: bench, eval, plan",
     # The twin rollouts (single turn, agent episode) become one path with the rollout engine.
-    "rollout.py": "sampling rollouts: single turns (rl/) and agent episodes (agents/)",
+    "rollout.py": "rollouts: single turns (rl/), agent episodes (agents/), their bench row",
 }
 
 

@@ -7,7 +7,10 @@ what `benchmarks/train.py` times for hone (one process, one row):
 - dpo: --batch 4 pairs, --seq 128 = prompt + completion (--prompt-len, default half of --seq);
 - decode: --batch 8 prompts of --prompt-len 32 tokens, --seq 64 new tokens, greedy;
 - grpo: --batch 2 prompts x --generations 4, --seq 64 = prompt + new tokens (--prompt-len,
-  default half), KL --beta 0.04.
+  default half), KL --beta 0.04;
+- rollout: --batch 32 prompts of --prompt-len 64 x --generations 8 samples of up to --seq new
+  tokens (long-tail 512, uniform 128), --engine static or paged (--max-seqs 64 slots);
+  hone/bench/rollout.py says how lengths are drawn and what is counted.
 tokens_per_s counts the tokens one step processes (tokens_per_step): B x T for sft and lora,
 2 x pairs x T for dpo, B x new tokens for decode, prompts x generations x T for grpo.
 The training rows take --remat (train.remat, default none as in the benchmark rows) so long
@@ -26,14 +29,16 @@ from hone.bench.timing import first_and_median, peak_rss_mb
 from hone.config.schema import TrainSection
 from hone.errors import InputError
 
-ROWS = ("sft", "lora", "dpo", "decode", "grpo")
+ROWS = ("sft", "lora", "dpo", "decode", "grpo", "rollout")
 TRAINING_ROWS = ("sft", "lora", "dpo", "grpo")  # the rows with a backward pass: --remat
 # train.remat's settings, from the config schema so the two never differ.
 REMATS = next(f.metadata["choices"] for f in dataclasses.fields(TrainSection)
               if f.name == "remat")
 # row -> (batch, seq, prompt_len or None = half of seq); see the module docstring.
 SHAPES = {"sft": (4, 128, None), "lora": (4, 128, None), "dpo": (4, 128, None),
-          "decode": (8, 64, 32), "grpo": (2, 64, None)}
+          "decode": (8, 64, 32), "grpo": (2, 64, None), "rollout": (32, None, 64)}
+GENERATIONS = {"grpo": 4, "rollout": 8}  # --generations' default per row
+ROLLOUT_LIMITS = {"long-tail": 512, "uniform": 128}  # rollout: --seq's default per workload
 MATMUL_SIZE = 2048  # the ceiling's square matmul: 2 x 2048^3 FLOPs a call
 
 DESCRIPTION = """\
@@ -47,6 +52,8 @@ rows and default shapes (those of benchmarks/RESULTS.md):
   dpo         --batch 4 pairs, --seq 128 = 64 prompt + 64 completion tokens
   decode      --batch 8 prompts of --prompt-len 32, --seq 64 new tokens, greedy
   grpo        --batch 2 prompts x --generations 4, --seq 64 = 32 prompt + 32 new tokens
+  rollout     --batch 32 prompts of --prompt-len 64 x --generations 8, up to --seq new tokens
+              (--workload long-tail: 512, lengths long-tailed; uniform: 128), --engine
 
 examples:
   hone bench sft
@@ -54,7 +61,8 @@ examples:
   hone bench decode --batch 32
   hone bench dpo --two-rows
   hone bench sft --seq 2048 --batch 1 --remat full
-  hone bench grpo --model tiny --steps 2 --beta 0"""
+  hone bench grpo --model tiny --steps 2 --beta 0
+  hone bench rollout --workload long-tail --engine paged --steps 1"""
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -68,7 +76,14 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="tokens per sequence; decode: new tokens")
     p.add_argument("--prompt-len", type=int, default=None,
                    help="prompt tokens (decode 32; dpo, grpo: half of --seq)")
-    p.add_argument("--generations", type=int, default=4, help="grpo: samples per prompt")
+    p.add_argument("--generations", type=int, default=None,
+                   help="grpo (default 4), rollout (default 8): samples per prompt")
+    p.add_argument("--workload", default="long-tail", choices=("long-tail", "uniform"),
+                   help="rollout: the samples' lengths (hone/bench/rollout.py)")
+    p.add_argument("--engine", default="paged", choices=("static", "paged"),
+                   help="rollout: the lockstep sampler or the paged rollout engine")
+    p.add_argument("--max-seqs", type=int, default=64,
+                   help="rollout, paged engine: sequences decoded at once")
     p.add_argument("--beta", type=float, default=0.04,
                    help="grpo: KL coefficient (0: no reference model)")
     p.add_argument("--steps", type=int, default=5,
@@ -104,17 +119,21 @@ def matmul_ceiling(precision: str = "fp32", n: int = MATMUL_SIZE, calls: int = 5
 def _shape(args) -> tuple[int, int, int]:
     """(batch, seq, prompt_len) from the options and the row's defaults, checked."""
     batch, seq, prompt = SHAPES[args.row]
+    if args.generations is None:
+        args.generations = GENERATIONS.get(args.row, 4)
+    if args.row == "rollout":
+        seq = ROLLOUT_LIMITS[args.workload]
     batch = args.batch if args.batch is not None else batch
     seq = args.seq if args.seq is not None else seq
     prompt = args.prompt_len if args.prompt_len is not None else (prompt or seq // 2)
     for name, value in (("--batch", batch), ("--seq", seq), ("--steps", args.steps),
-                        ("--generations", args.generations)):
+                        ("--generations", args.generations), ("--max-seqs", args.max_seqs)):
         if value < 1:
             raise InputError(f"{name} must be at least 1, got {value}")
     if args.row in ("dpo", "grpo") and not 0 < prompt < seq:
         raise InputError(f"--prompt-len must be between 1 and --seq - 1 ({seq - 1}) for "
                          f"{args.row}, got {prompt}")
-    if args.row == "decode" and prompt < 1:
+    if args.row in ("decode", "rollout") and prompt < 1:
         raise InputError(f"--prompt-len must be at least 1, got {prompt}")
     if args.row not in TRAINING_ROWS and args.remat is not None:
         raise InputError(f"--remat applies to {', '.join(TRAINING_ROWS)} (a backward pass); "
@@ -125,6 +144,7 @@ def _shape(args) -> tuple[int, int, int]:
 def measure(args, log: Callable = print):
     """Run the row the options name; returns (Measured, batch, seq, prompt_len)."""
     from hone.bench.grpo import grpo_row
+    from hone.bench.rollout import rollout_row
     from hone.bench.rows import decode_row, dpo_row, train_row
     batch, seq, prompt = _shape(args)
     common = dict(model=args.model, repeats=args.steps, precision=args.precision,
@@ -138,6 +158,12 @@ def measure(args, log: Callable = print):
                       shared_prompt=not args.two_rows, **common)
     elif args.row == "decode":
         got = decode_row(batch=batch, prompt_len=prompt, new_tokens=seq, **common)
+    elif args.row == "rollout":
+        common.pop("precision")
+        got = rollout_row(args.model, args.workload, args.engine, prompts=batch,
+                          generations=args.generations, prompt_len=prompt, limit=seq,
+                          max_seqs=args.max_seqs, **{k: v for k, v in common.items()
+                                                     if k != "model"})
     else:
         got = grpo_row(prompts=batch, generations=args.generations, prompt_len=prompt,
                        new_tokens=seq - prompt, beta=args.beta,
@@ -163,11 +189,11 @@ def result(args, got, batch: int, seq: int, prompt: int, ceiling_gflops: float) 
             "achieved_gflops": _sig(got.flops / got.median_s / 1e9),
             "ceiling_gflops": _sig(ceiling_gflops),
             "mfu": _sig(got.flops / got.median_s / (ceiling_gflops * 1e9), 4)}
-    if args.row in ("dpo", "decode", "grpo"):
+    if args.row in ("dpo", "decode", "grpo", "rollout"):
         out["prompt_len"] = prompt
     if args.row in ("dpo", "grpo"):
         out["shared_prompt"] = not args.two_rows
-    if args.row == "grpo":
+    if args.row in ("grpo", "rollout"):
         out["generations"] = args.generations
     if got.first_loss is not None:
         out["first_loss"] = _sig(got.first_loss)

@@ -148,7 +148,8 @@ class Attention(nnx.Module):
 
     def attend_step(self, q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
                     mask: jax.Array, used: jax.Array | None = None,
-                    block: int = DECODE_BLOCK, kernel: bool = False) -> jax.Array:
+                    block: int = DECODE_BLOCK, kernel: bool = False,
+                    pages: jax.Array | None = None) -> jax.Array:
         """One query per row against a cache: q [B, 1, N, H], k/v cache [B, K, S, H]
         (kv-head-major), mask [B, 1, S] -> output [B, 1, D]. `used`: how many leading cache
         slots may hold keys (None: all S); past it, whole blocks are not read and slots of a
@@ -162,9 +163,14 @@ class Attention(nnx.Module):
         block), and only the blocks below `used`: a decode step costs what the sequence so far
         holds, not what the cache could hold. kernel: compute it all in hone's CPU kernel
         (hone/kernels/decode_attention.py; the same numbers up to float32 summation order).
+        pages [B, n]: k/v cache are page pools [P, K, page, H] (hone/sampling/paged.py) and row
+        b's cache is its pages pages[b] in order; the loop reads one page per row as its block
+        (block = page), so the cache is never gathered whole, and runs even for one page.
         """
         b, _, n, h = q.shape
         kv, s = self.num_kv_heads, k_cache.shape[2]
+        if pages is not None:
+            block, s = k_cache.shape[2], pages.shape[1] * k_cache.shape[2]
         if kernel:
             out = decode_attention(q[:, 0], k_cache, v_cache, mask[:, 0],
                                    jnp.int32(s) if used is None else used, self.scale,
@@ -183,10 +189,15 @@ class Attention(nnx.Module):
         def weighted(p, values):
             return jnp.sum(p[..., None] * values[:, :, None].astype(f32), axis=3)  # [B,K,G,H]
 
-        if s <= block:
+        if s <= block and pages is None:
             out = weighted(jax.nn.softmax(scores_of(k_cache, mask), axis=-1), v_cache)
         else:
             used = jnp.int32(s) if used is None else jnp.minimum(used, s)
+
+            def read(cache, lo, j):  # the block's keys or values [B, K, block, H]
+                if pages is None:
+                    return jax.lax.dynamic_slice_in_dim(cache, lo, block, axis=2)
+                return jnp.take(cache, pages[:, j], axis=0)
 
             def body(j, carry):
                 top, norm, acc = carry
@@ -195,13 +206,12 @@ class Attention(nnx.Module):
                 slots = lo + jnp.arange(block)
                 keep = (jax.lax.dynamic_slice_in_dim(mask, lo, block, axis=3)
                         & (slots >= j * block) & (slots < used))
-                x = scores_of(jax.lax.dynamic_slice_in_dim(k_cache, lo, block, axis=2), keep)
+                x = scores_of(read(k_cache, lo, j), keep)
                 new_top = jnp.maximum(top, jnp.max(x, axis=-1))
                 p = jnp.exp(x - new_top[..., None])
                 fade = jnp.exp(top - new_top)
-                values = jax.lax.dynamic_slice_in_dim(v_cache, lo, block, axis=2)
                 return (new_top, norm * fade + jnp.sum(p, axis=-1),
-                        acc * fade[..., None] + weighted(p, values))
+                        acc * fade[..., None] + weighted(p, read(v_cache, lo, j)))
 
             g = n // kv
             init = (jnp.full((b, kv, g), _MASKED, f32), jnp.zeros((b, kv, g), f32),

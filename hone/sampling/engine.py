@@ -242,7 +242,8 @@ def pack_weights(graphdef, params) -> dict[str, jax.Array]:
     return panels
 
 
-def _attach(model, packed: dict[str, jax.Array]) -> None:
+def attach_packed(model, packed: dict[str, jax.Array]) -> None:
+    """Hand each packable module its panels (none: the model runs XLA's products)."""
     if not packed:
         return
     for key, module in _packable(model):
@@ -265,7 +266,7 @@ def decode(graphdef, params, packed, state: State, limit, eos_ids, pad_id, tempe
     result of `pack_weights` for these params (may be empty)."""
     TRACES["decode"] += 1
     model = nnx.merge(graphdef, params)
-    _attach(model, packed)
+    attach_packed(model, packed)
     b = state["tokens"].shape[0]
     # A row is done once its last generated token is an end-of-sequence token.
     first = state["tokens"][jnp.arange(b), state["step"] - 1]

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hone.errors import InputError
+from hone.sampling.buckets import bucket
 from hone.sampling.engine import decode, pack_weights, prefill, split_for_sampling
 from hone.sampling.strategies import SamplingMode
 
@@ -30,14 +31,6 @@ class Completion:
     logprobs: list[float]  # log p(token) under the model (no temperature, no truncation)
     sampling_logprobs: list[float] = field(default_factory=list)  # under the sampled distribution
     finish_reason: str = "length"  # "eos", "stop" or "length"
-
-
-def bucket(n: int, minimum: int = 16) -> int:
-    """The next power of two >= n (at least `minimum`)."""
-    size = minimum
-    while size < n:
-        size *= 2
-    return size
 
 
 def encode_prompt(tokenizer, text: str) -> list[int]:
@@ -83,7 +76,8 @@ def generate(model, tokenizer, prompts, max_new_tokens: int = 64, temperature: f
              stop: Sequence[str] = (), eos_ids: Sequence[int] | None = None,
              on_step: Callable[[np.ndarray], None] | None = None,
              cache_dtype=None, min_prompt_bucket: int = 16, n: int = 1,
-             prefill_chunk: int | None = None) -> list[Completion]:
+             prefill_chunk: int | None = None, engine: str = "static",
+             max_seqs: int | None = None) -> list[Completion]:
     """Complete each prompt (text, or a list of token ids) with up to max_new_tokens tokens.
 
     temperature 0 is greedy. n: completions per prompt, returned prompt by prompt (n for the
@@ -96,6 +90,12 @@ def generate(model, tokenizer, prompts, max_new_tokens: int = 64, temperature: f
     written so far (activation memory O(chunk) instead of O(prompt); the same numbers).
     min_prompt_bucket: the smallest padded prompt length; a caller whose prompts have a known
     maximum (RL) passes it, so every call reuses one compiled shape.
+    engine: "static" decodes the batch in lockstep over a preallocated cache; "paged" runs the
+    rollout engine (hone/sampling/scheduler.py): at most max_seqs sequences at once over a
+    paged cache, a finished one's slot taken by the next, the n samples of a prompt sharing its
+    pages. Greedy output is the same; sampled tokens differ from the static engine's (each
+    sequence draws from its own key: fold_in(fold_in(key(seed), prompt), sample), then token
+    index) and do not depend on max_seqs or the schedule.
     """
     cfg = model.config
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
@@ -110,6 +110,12 @@ def generate(model, tokenizer, prompts, max_new_tokens: int = 64, temperature: f
         top_k = min(top_k, cfg.vocab_size)
     if eos_ids is None:
         eos_ids = tuple(getattr(tokenizer, "eos_ids", ()) or ())
+    if engine == "paged":
+        return _generate_paged(model, tokenizer, ids, max_new_tokens, temperature, top_k, top_p,
+                               seed, stop, eos_ids, on_step, cache_dtype, n, prefill_chunk,
+                               max_seqs)
+    if engine != "static":
+        raise InputError(f"unknown engine {engine!r}; allowed: static, paged", key="engine")
     pad_id = getattr(tokenizer, "pad_id", None) or 0
     b, p = len(ids), bucket(max(len(x) for x in ids), minimum=max(16, min_prompt_bucket))
     bb = bucket(b, minimum=1)
@@ -152,6 +158,28 @@ def generate(model, tokenizer, prompts, max_new_tokens: int = 64, temperature: f
     return _completions(state, b, tokenizer, eos_ids, stop)
 
 
+def _generate_paged(model, tokenizer, ids, max_new_tokens, temperature, top_k, top_p, seed,
+                    stop, eos_ids, on_step, cache_dtype, n, prefill_chunk, max_seqs):
+    from hone.sampling.scheduler import PagedEngine, Request
+    if on_step is not None:
+        raise InputError("streaming (on_step) is not available with engine='paged' yet",
+                         key="on_step")
+    if max_seqs is not None and (not isinstance(max_seqs, int) or isinstance(max_seqs, bool)
+                                 or max_seqs < 1):
+        raise InputError(f"must be a positive integer or None, got {max_seqs!r}",
+                         key="max_seqs")
+    key = jax.random.key(seed)
+    requests = [Request(p, max_new_tokens, jax.random.fold_in(key, i), n=n)
+                for i, p in enumerate(ids)]
+    engine = PagedEngine(model, max_seqs=max_seqs or min(len(ids) * n, 64),
+                         max_len=max(len(p) for p in ids) + max_new_tokens,
+                         cache_dtype=cache_dtype, prefill_chunk=prefill_chunk or 256)
+    samples = engine.run(requests, temperature=temperature, top_k=top_k, top_p=top_p,
+                         eos_ids=eos_ids)
+    return [_completion(s.tokens, s.logprobs, s.sampling_logprobs, tokenizer, eos_ids, stop)
+            for row in samples for s in row]
+
+
 def _stop_cut(tokenizer, row: np.ndarray, stop: Sequence[str]) -> tuple[int, int] | None:
     """(tokens to keep, characters to keep) if a stop string occurs in the decoded row."""
     text = tokenizer.decode([int(t) for t in row])
@@ -170,23 +198,28 @@ def _completions(state, b, tokenizer, eos_ids, stop) -> list[Completion]:
     toks = np.asarray(state["tokens"][:b, :step])
     lps = np.asarray(state["logprobs"][:b, :step])
     slps = np.asarray(state["sampling_logprobs"][:b, :step])
+    return [_completion(toks[i].tolist(), lps[i].tolist(), slps[i].tolist(), tokenizer, eos_ids,
+                        stop) for i in range(b)]
+
+
+def _completion(row: list[int], lps: list[float], slps: list[float], tokenizer, eos_ids,
+                stop) -> Completion:
+    """A completion from a row of generated tokens: up to the first end token (kept), or
+    to the token that completes a stop string."""
     eos = set(int(e) for e in eos_ids)
-    out = []
-    for i in range(b):
-        row = [int(t) for t in toks[i]]
-        n, reason = len(row), "length"
-        for j, t in enumerate(row):
-            if t in eos:
-                n, reason = j + 1, "eos"
-                break
-        text_ids = row[:n - 1] if reason == "eos" else row[:n]
-        text = None
-        if tokenizer is not None:
-            text = tokenizer.decode(text_ids, skip_special_tokens=True)
-            cut = _stop_cut(tokenizer, np.asarray(text_ids, np.int32), stop) if stop else None
-            if cut is not None:
-                n, reason = cut[0], "stop"
-                text = tokenizer.decode(text_ids, skip_special_tokens=False)[:cut[1]]
-        out.append(Completion(text=text, tokens=row[:n], logprobs=lps[i, :n].tolist(),
-                              sampling_logprobs=slps[i, :n].tolist(), finish_reason=reason))
-    return out
+    row = [int(t) for t in row]
+    n, reason = len(row), "length"
+    for j, t in enumerate(row):
+        if t in eos:
+            n, reason = j + 1, "eos"
+            break
+    text_ids = row[:n - 1] if reason == "eos" else row[:n]
+    text = None
+    if tokenizer is not None:
+        text = tokenizer.decode(text_ids, skip_special_tokens=True)
+        cut = _stop_cut(tokenizer, np.asarray(text_ids, np.int32), stop) if stop else None
+        if cut is not None:
+            n, reason = cut[0], "stop"
+            text = tokenizer.decode(text_ids, skip_special_tokens=False)[:cut[1]]
+    return Completion(text=text, tokens=row[:n], logprobs=list(lps[:n]),
+                      sampling_logprobs=list(slps[:n]), finish_reason=reason)

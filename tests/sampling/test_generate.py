@@ -14,6 +14,7 @@ from hone.errors import InputError
 from hone.models.attention import DECODE_BLOCK
 from hone.sampling.engine import TRACES
 from hone.sampling.generate import generate
+from hone.sampling.scheduler import PagedEngine, Request
 
 TOL = 1e-4  # fixed; never loosened
 
@@ -50,12 +51,22 @@ def assert_teacher_forced(model, prompts, outs) -> None:
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_greedy_matches_transformers_generate(name, tmp_path):
+    """Both engines: the static sampler, and the paged engine with 16 prompts through 5 slots
+    and pages of 4 slots (continuous batching, several pages per sequence and across the
+    sliding windows of gemma2/3)."""
     ref, folder = hf_model(name, tmp_path)
     model = hone.load_model(folder)
     prompts = mixed_prompts()
     outs = generate(model, None, prompts, max_new_tokens=8, eos_ids=())
     assert [o.tokens for o in outs] == hf_greedy(ref, prompts, 8)
     assert_teacher_forced(model, prompts, outs)
+    key = jax.random.key(0)
+    paged = PagedEngine(model, max_seqs=5, page_size=4).run(
+        [Request(p, 8, jax.random.fold_in(key, i)) for i, p in enumerate(prompts)],
+        temperature=0.0)
+    assert [row[0].tokens for row in paged] == [o.tokens for o in outs]
+    for row, o in zip(paged, outs):
+        np.testing.assert_allclose(row[0].logprobs, o.logprobs, rtol=0, atol=TOL)
 
 
 @pytest.mark.parametrize("name", ["llama", "gemma3_text"])

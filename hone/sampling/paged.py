@@ -1,0 +1,204 @@
+"""The paged KV cache's programs: a prompt chunk into pages, decode steps of every slot over
+its pages, a page copy. The host side (which pages, which sequences) is
+hone/sampling/scheduler.py.
+
+Layout: per layer one pool of keys and one of values, [num_pages, K, page_size, H] (each page
+kv-head-major, as the static cache is, so a page reads as a block of the decode attention's
+cache). A sequence's page table lists its pages in order; its slot s is page table[s // P] at
+offset s % P, and its position is its slot: a paged sequence has no padding inside it.
+
+Design choices:
+- One program per shape bucket, whatever the sequences: the decode step takes every slot of
+  the engine ([max_seqs] rows, idle ones write to the trash page and are masked out), and the
+  pages it reads are the first `pages` entries of each page table, `pages` a power of two that
+  covers the longest active sequence. Prefill takes one chunk of one prompt, its length a
+  bucket too. Weights are arguments, so new weights reuse the compiled programs.
+- Attention over pages. Decode runs `Attention.attend_step` over the pools themselves: its
+  blockwise loop reads one page per row as a block (a gather of [rows] pages), so no row's
+  cache is ever copied whole, and only up to the longest row's last page. A block past a row's
+  last key adds exactly zero (its weights are exp(-inf) and the running maximum does not move),
+  so a row's numbers do not depend on how long the other rows are. Prefill gathers the chunk's
+  row of pages into the [R, S, K, H] keys `Attention.attend` takes (dense or blockwise, as in
+  training). Masks come from `make_mask` over the slots, so the numbers are those of the
+  static sampler and of the training forward pass up to float32 summation order.
+- Sampling keys come with the rows: token t of a sequence is drawn with fold_in(its key, t), so
+  it does not depend on the batch it was decoded in.
+"""
+
+from __future__ import annotations
+
+import collections
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from hone.models.attention import make_mask
+from hone.models.masks import MaskSpec
+from hone.sampling.engine import attach_packed
+from hone.sampling.pages import TRASH
+from hone.sampling.strategies import SamplingMode, choose
+
+TRACES: collections.Counter = collections.Counter()  # compiles per program; tests read it
+
+Pools = dict[str, list[jax.Array]]  # {"k": [L x [P, K, page, H]], "v": [...]}
+
+
+def init_pools(model, num_pages: int, page_size: int, dtype) -> Pools:
+    cfg = model.config
+    shape = (num_pages, cfg.num_kv_heads, page_size, cfg.head_dim)
+    layers = len(cfg.layer_types)
+    return {"k": [jnp.zeros(shape, dtype) for _ in range(layers)],
+            "v": [jnp.zeros(shape, dtype) for _ in range(layers)]}
+
+
+def pool_bytes(model, num_pages: int, page_size: int, dtype) -> int:
+    cfg = model.config
+    return (2 * len(cfg.layer_types) * num_pages * cfg.num_kv_heads * page_size * cfg.head_dim
+            * jnp.dtype(dtype).itemsize)
+
+
+def _write(pool: jax.Array, pages: jax.Array, offsets: jax.Array, new: jax.Array) -> jax.Array:
+    """Keys or values new [R, T, K, H] into pool [P, K, page, H] at pages/offsets [R, T]."""
+    return pool.at[pages, :, offsets].set(new.astype(pool.dtype))
+
+
+def _cache_of(pool: jax.Array, table: jax.Array) -> jax.Array:
+    """The rows' pages, pool [P, K, page, H] and table [R, n], as a cache [R, K, n x page, H]."""
+    x = jnp.take(pool, table, axis=0)  # [R, n, K, page, H]
+    r, n, k, p, h = x.shape
+    return x.transpose(0, 2, 1, 3, 4).reshape(r, k, n * p, h)
+
+
+def _where(table: jax.Array, slots: jax.Array, live: jax.Array, page_size: int):
+    """(page, offset) of each slot [R, T] of each row (the trash page where not `live`)."""
+    column = jnp.clip(slots // page_size, 0, table.shape[1] - 1)
+    pages = jnp.take_along_axis(table, column, axis=1)
+    return jnp.where(live, pages, TRASH), jnp.where(live, slots % page_size, 0)
+
+
+@partial(jax.jit, static_argnames=("graphdef", "page_size"), donate_argnames=("pools",))
+def prefill_chunk(graphdef, params, pools: Pools, table, start, tokens, n_valid, *,
+                  page_size: int) -> tuple[Pools, jax.Array]:
+    """Run tokens [R, C] at slots start..start+C-1 of each row ([R]; the first n_valid [R] of
+    them real), their keys and values written into the row's pages (table [R, n]: the pages up
+    to the chunk's end). Returns the pools and the logits [R, V] of each row's last real token.
+    Earlier slots (an earlier chunk, a shared prompt) are read from the pages."""
+    TRACES["prefill_chunk"] += 1
+    model = nnx.merge(graphdef, params)
+    r, c = tokens.shape
+    slots = start[:, None] + jnp.arange(c, dtype=jnp.int32)[None]  # [R, C]
+    real = jnp.arange(c)[None] < n_valid[:, None]
+    pages, offsets = _where(table, slots, real, page_size)
+    s = table.shape[1] * page_size
+    k_index = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (r, s))
+    k_valid = k_index < (start + n_valid)[:, None]
+    ropes = model.rope_for(slots)
+    x = model.embedder.encode(tokens)
+    out: Pools = {"k": [], "v": []}
+    for i, layer in enumerate(model.layers):
+        kind = layer.layer_type
+        cos, sin = ropes[kind]
+        spec = MaskSpec(slots, k_index, k_valid, model.window_for(kind))
+
+        def attend(h, i=i, cos=cos, sin=sin, layer=layer, spec=spec):
+            q, k, v = layer.attn.project_qkv(h, cos, sin)
+            k_pool = _write(pools["k"][i], pages, offsets, k)
+            v_pool = _write(pools["v"][i], pages, offsets, v)
+            out["k"].append(k_pool)
+            out["v"].append(v_pool)
+            keys = _cache_of(k_pool, table).transpose(0, 2, 1, 3).astype(k.dtype)  # [R, S, K, H]
+            values = _cache_of(v_pool, table).transpose(0, 2, 1, 3).astype(v.dtype)
+            return layer.attn.attend(q, keys, values, spec, impl=model.attention,
+                                     block=model.attention_block)
+
+        x = layer(x, attend)
+    last = jnp.take_along_axis(x, (n_valid - 1)[:, None, None], axis=1)  # [R, 1, D]
+    return out, model.logits_from_hidden(model.final_norm(last))[:, 0]
+
+
+def choose_rows(logits: jax.Array, keys: jax.Array, mode: SamplingMode, temperature,
+                top_p) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """`choose` row by row, each row [V] with its own key: (token, logprob, sampling_logprob)."""
+    def one(row, key):
+        token, lp, slp = choose(row[None], key, mode, temperature, top_p)
+        return token[0], lp[0], slp[0]
+    return jax.vmap(one)(logits, keys)
+
+
+@partial(jax.jit, static_argnames=("graphdef", "mode", "page_size", "steps"),
+         donate_argnames=("pools", "state"))
+def decode_steps(graphdef, params, packed, pools: Pools, table, state: dict[str, Any], eos_ids,
+                 temperature, top_p, *, mode: SamplingMode, page_size: int,
+                 steps: int) -> tuple[Pools, dict[str, Any], dict[str, jax.Array]]:
+    """Up to `steps` decode steps of every slot (table [S, n]: each slot's first n pages); fewer
+    when every slot has stopped.
+
+    state, per slot [S]: `last` (the sampled token not yet in the cache), `length` (slots in the
+    cache: `last` goes to slot length), `index` (the token index `last`'s successor gets),
+    `limit` (the index at which the sequence stops), `key` (its sampling key), `active`.
+    Returns the pools, the state after the steps and what each step emitted, [S, steps]:
+    `tokens`, `logprobs`, `sampling_logprobs` and `emitted` (False where a slot was idle)."""
+    TRACES["decode_steps"] += 1
+    model = nnx.merge(graphdef, params)
+    attach_packed(model, packed)
+    rows, n = table.shape
+    s = n * page_size
+    k_index = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (rows, s))
+
+    def cond(carry):
+        j, _, st, _ = carry
+        return (j < steps) & jnp.any(st["active"])
+
+    def body(carry):
+        j, pools, st, out = carry
+        pos, act = st["length"], st["active"]
+        pages, offsets = _where(table, pos[:, None], act[:, None], page_size)
+        ropes = model.rope_for(pos[:, None])
+        k_valid = (k_index <= pos[:, None]) & act[:, None]
+        used = jnp.max(jnp.where(act, pos, 0)) + 1
+        x = model.embedder.encode(st["last"][:, None])
+        new: Pools = {"k": [], "v": []}
+        for i, layer in enumerate(model.layers):
+            kind = layer.layer_type
+            cos, sin = ropes[kind]
+            mask = make_mask(pos[:, None], k_index, k_valid, model.window_for(kind))
+
+            def attend(h, i=i, cos=cos, sin=sin, layer=layer, mask=mask):
+                q, k, v = layer.attn.project_qkv(h, cos, sin)
+                k_pool = _write(pools["k"][i], pages, offsets, k)
+                v_pool = _write(pools["v"][i], pages, offsets, v)
+                new["k"].append(k_pool)
+                new["v"].append(v_pool)
+                return layer.attn.attend_step(q, k_pool, v_pool, mask, used, pages=table)
+
+            x = layer(x, attend)
+        logits = model.logits_from_hidden(model.final_norm(x))[:, 0]
+        keys = jax.vmap(jax.random.fold_in)(st["key"], st["index"])
+        token, lp, slp = choose_rows(logits, keys, mode, temperature, top_p)
+        stop = jnp.isin(token, eos_ids) | (st["index"] + 1 >= st["limit"])
+        out = {"tokens": out["tokens"].at[:, j].set(jnp.where(act, token, 0)),
+               "logprobs": out["logprobs"].at[:, j].set(jnp.where(act, lp, 0.0)),
+               "sampling_logprobs": out["sampling_logprobs"].at[:, j].set(
+                   jnp.where(act, slp, 0.0)),
+               "emitted": out["emitted"].at[:, j].set(act)}
+        st = dict(st, last=jnp.where(act, token, st["last"]), length=pos + act,
+                  index=st["index"] + act, active=act & ~stop)
+        return j + 1, new, st, out
+
+    out = {"tokens": jnp.zeros((rows, steps), jnp.int32),
+           "logprobs": jnp.zeros((rows, steps), jnp.float32),
+           "sampling_logprobs": jnp.zeros((rows, steps), jnp.float32),
+           "emitted": jnp.zeros((rows, steps), jnp.bool_)}
+    _, pools, state, out = jax.lax.while_loop(cond, body, (jnp.int32(0), pools, state, out))
+    return pools, state, out
+
+
+@partial(jax.jit, donate_argnames=("pools",))
+def copy_pages(pools: Pools, src, dst) -> Pools:
+    """Page src[i] copied to page dst[i] in every layer (a forked sample's own copy of its
+    prompt's partly filled last page)."""
+    TRACES["copy_pages"] += 1
+    return {name: [pool.at[dst].set(pool[src]) for pool in pools[name]] for name in pools}

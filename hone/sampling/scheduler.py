@@ -1,0 +1,329 @@
+"""The rollout engine's host side: requests in, a fixed number of sequence slots kept busy.
+
+`PagedEngine.run(requests)` completes every request's prompt `n` times. At most `max_seqs`
+sequences decode at once; when one ends (end-of-sequence token or its token budget), its slot
+and pages are freed and a waiting sample takes the slot at the next turn of the loop. Each turn:
+1. fork: prompts whose prefill is done give samples to free slots. The G samples of a prompt
+   share its full pages; each copies the partly filled last page, then writes its own pages;
+2. prefill: one chunk (`prefill_chunk` tokens at most) of the next waiting prompt, so a long
+   prompt interleaves with the decoding of the others instead of stalling them;
+3. decode: `sync_steps` steps of every slot in one program (hone/sampling/paged.py), after
+   each slot got the pages those steps write.
+When the pool runs out of pages, the most recently admitted sequence is preempted: its pages
+are freed and it waits at the head of the queue to be recomputed from its prompt and the
+tokens it has (their keys and values prefilled again), then continues where it stopped. This is
+counted (`stats["preempted"]`), never an error; a pool too small for one sequence is.
+
+Determinism: token t of sample j of a request is drawn with fold_in(fold_in(request.key, j), t)
+from that sequence's own logits, so the tokens depend on the request alone, not on `max_seqs`,
+the order of admission, the other sequences in a decode batch or preemption (fp32; a preempted
+sequence's recomputed keys are those of a prefill instead of decode steps, equal to rounding).
+A request carries its key and its policy version, the two things an asynchronous RL run needs
+to reproduce a rollout.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hone.errors import InputError
+from hone.sampling.engine import pack_weights, split_for_sampling
+from hone.sampling.buckets import bucket
+from hone.sampling.pages import TRASH, PageAllocator, pages_for
+from hone.sampling.paged import (choose_rows, copy_pages, decode_steps, init_pools, pool_bytes,
+                                 prefill_chunk)
+from hone.sampling.strategies import SamplingMode
+
+
+@dataclass
+class Request:
+    """A prompt to complete `n` times; sample j draws with fold_in(key, j)."""
+
+    prompt: list[int]
+    max_new_tokens: int
+    key: jax.Array  # a typed PRNG key (jax.random.key)
+    n: int = 1
+    policy_version: int = 0  # the weights it is to be sampled with (asynchronous RL)
+    sample_limits: tuple[int, ...] | None = None  # each sample's own budget (<= max_new_tokens)
+
+
+@dataclass
+class Sample:
+    """One completion: the sampled tokens (the end token included), the model's log-prob of each
+    and the sampling distribution's, why it stopped, and how often it was preempted."""
+
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    sampling_logprobs: list[float] = field(default_factory=list)
+    finish_reason: str = "length"
+    preempted: int = 0
+    policy_version: int = 0
+
+
+@dataclass
+class _Seq:
+    """A sample on its way: where it is in its request, its pages and what it has."""
+
+    request: int
+    sample: int
+    key: jax.Array
+    limit: int
+    out: Sample
+    pages: list[int] = field(default_factory=list)
+    slot: int = -1
+    order: int = 0  # admission order: the most recent is preempted first
+
+
+@dataclass
+class _Prefill:
+    """Tokens to put into pages before samples fork from them: a request's prompt (its samples
+    then draw their first token from the last logits), or a preempted sequence's prompt and
+    tokens but the last (which it then feeds as its pending token)."""
+
+    tokens: list[int]
+    samples: list[_Seq]
+    resume: bool = False
+    pages: list[int] = field(default_factory=list)
+    done: int = 0  # tokens already in pages
+    logits: jax.Array | None = None  # [V] after the last chunk
+
+
+class PagedEngine:
+    """Paged KV cache + continuous batching for one model's weights (see the module doc)."""
+
+    def __init__(self, model, *, max_seqs: int = 8, page_size: int = 64,
+                 num_pages: int | None = None, max_len: int | None = None, cache_dtype=None,
+                 prefill_chunk: int = 256, sync_steps: int = 8):
+        cfg = model.config
+        for name, value in (("max_seqs", max_seqs), ("page_size", page_size),
+                            ("prefill_chunk", prefill_chunk), ("sync_steps", sync_steps)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InputError(f"must be a positive integer, got {value!r}", key=name)
+        self.model, self.max_seqs, self.page_size = model, max_seqs, page_size
+        self.max_len = max_len or cfg.max_position_embeddings
+        self.prefill_chunk, self.sync_steps = prefill_chunk, sync_steps
+        self.cache_dtype = jnp.dtype(cache_dtype or model.embedder.embedding[...].dtype)
+        self.num_pages = num_pages or 1 + max_seqs * pages_for(self.max_len, page_size)
+        self.kv_bytes = pool_bytes(model, self.num_pages, page_size, self.cache_dtype)
+        self.pools = None
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def run(self, requests: list[Request], *, temperature: float = 1.0, top_k: int | None = None,
+            top_p: float | None = None, eos_ids=()) -> list[list[Sample]]:
+        """Every request's n samples, request by request."""
+        model = self.model
+        self.mode = SamplingMode(greedy=temperature == 0.0, top_k=top_k,
+                                 use_top_p=top_p is not None)
+        self.temperature = jnp.float32(temperature or 1.0)
+        self.top_p = jnp.float32(top_p if top_p is not None else 1.0)
+        self.eos = jnp.asarray(list(eos_ids) or [-1], jnp.int32)
+        self.eos_set = {int(e) for e in eos_ids}
+        self.prompts = [list(r.prompt) for r in requests]
+        self.graphdef, self.params = split_for_sampling(model)
+        self.packed = pack_weights(self.graphdef, self.params)
+        if self.pools is None:
+            self.pools = init_pools(model, self.num_pages, self.page_size, self.cache_dtype)
+        self.alloc = PageAllocator(self.num_pages)
+        self.stats = collections.Counter()
+        self.slots: list[_Seq | None] = [None] * self.max_seqs
+        self.state = {"last": np.zeros(self.max_seqs, np.int32),
+                      "length": np.zeros(self.max_seqs, np.int32),
+                      "index": np.zeros(self.max_seqs, np.int32),
+                      "limit": np.zeros(self.max_seqs, np.int32),
+                      # each slot's sampling key as raw key data (the device copy is donated)
+                      "key": np.zeros((self.max_seqs,) + jax.random.key_data(
+                          jax.random.key(0)).shape, np.uint32),
+                      "active": np.zeros(self.max_seqs, bool)}
+        self.admitted = 0
+        results = [[None] * r.n for r in requests]
+        self.queue: collections.deque[_Prefill] = collections.deque()
+        for i, r in enumerate(requests):
+            self._check(r, i)
+            limits = r.sample_limits or (r.max_new_tokens,) * r.n
+            seqs = [_Seq(i, j, jax.random.fold_in(r.key, j), limits[j],
+                         Sample(policy_version=r.policy_version)) for j in range(r.n)]
+            self.queue.append(_Prefill(list(r.prompt), seqs))
+        self.ready: collections.deque[_Prefill] = collections.deque()
+        while self.queue or self.ready or any(s is not None for s in self.slots):
+            self.finished: list[_Seq] = []
+            self._fork()
+            if not self.ready and self.queue and None in self.slots:
+                self._prefill_one_chunk()
+                self._fork()
+            if any(s is not None for s in self.slots):
+                self._decode()
+            for seq in self.finished:
+                results[seq.request][seq.sample] = seq.out
+        self.stats["peak_pages"] = self.alloc.peak
+        return results
+
+    def _check(self, r: Request, i: int) -> None:
+        if not r.prompt:
+            raise InputError("prompt is empty", key=f"requests[{i}].prompt")
+        if r.max_new_tokens < 1 or r.n < 1:
+            raise InputError("max_new_tokens and n must be positive", key=f"requests[{i}]")
+        if r.sample_limits is not None and (len(r.sample_limits) != r.n or not all(
+                1 <= x <= r.max_new_tokens for x in r.sample_limits)):
+            raise InputError("sample_limits must give each of the n samples a budget between "
+                             "1 and max_new_tokens", key=f"requests[{i}].sample_limits")
+        need = len(r.prompt) + r.max_new_tokens
+        if need > self.max_len:
+            raise InputError(f"prompt of {len(r.prompt)} tokens plus max_new_tokens "
+                             f"{r.max_new_tokens} exceeds {self.max_len}",
+                             key=f"requests[{i}].prompt")
+        if pages_for(need, self.page_size) + 1 > self.num_pages - 1:
+            raise InputError(f"a page pool of {self.num_pages} pages of {self.page_size} "
+                             f"slots cannot hold one sequence of {need} tokens",
+                             key="num_pages")
+
+    # ---- pages -------------------------------------------------------------------------------
+    def _allocate(self, n: int, keep: set[int] = frozenset()) -> list[int]:
+        """n pages, preempting running sequences (newest first, never those in `keep`) until
+        they fit."""
+        while True:
+            pages = self.alloc.allocate(n)
+            if pages is not None:
+                return pages
+            running = [s for s in self.slots if s is not None and s.slot not in keep]
+            if not running:
+                raise InputError("the page pool is too small for the sequences it must hold "
+                                 "at once", key="num_pages")
+            self._preempt(max(running, key=lambda s: s.order))
+
+    def _preempt(self, seq: _Seq) -> None:
+        """Free seq's slot and pages; it waits at the head of the queue to be recomputed."""
+        self.stats["preempted"] += 1
+        seq.out.preempted += 1
+        self.alloc.release(seq.pages)
+        seq.pages = []
+        self.slots[seq.slot] = None
+        self.state["active"][seq.slot] = False
+        seq.slot = -1
+        prompt = self.prompts[seq.request]
+        self.queue.appendleft(_Prefill(prompt + seq.out.tokens[:-1], [seq], resume=True))
+
+    # ---- 1. fork -----------------------------------------------------------------------------
+    def _fork(self) -> None:
+        while self.ready and None in self.slots:
+            group = self.ready[0]
+            free = [i for i, s in enumerate(self.slots) if s is None]
+            seqs = group.samples[:len(free)]
+            full, partial = divmod(len(group.tokens), self.page_size)
+            copies = self._allocate(len(seqs) if partial else 0) if partial else []
+            if partial:
+                src = [group.pages[full]] * len(seqs)
+                self.pools = copy_pages(self.pools, jnp.asarray(src, jnp.int32),
+                                        jnp.asarray(copies, jnp.int32))
+            if group.resume:
+                seq = seqs[0]
+                first = [(seq.out.tokens[-1], None, None)]
+            else:
+                logits = jnp.broadcast_to(group.logits, (len(seqs), group.logits.shape[-1]))
+                keys = jnp.stack([jax.random.fold_in(s.key, 0) for s in seqs])
+                tok, lp, slp = jax.device_get(choose_rows(logits, keys, self.mode,
+                                                          self.temperature, self.top_p))
+                first = list(zip(tok.tolist(), lp.tolist(), slp.tolist()))
+            for k, (seq, slot) in enumerate(zip(seqs, free)):
+                self.alloc.share(group.pages[:full])
+                seq.pages = group.pages[:full] + (copies[k:k + 1] if partial else [])
+                token, lp, slp = first[k]
+                if lp is not None:
+                    seq.out.tokens.append(token)
+                    seq.out.logprobs.append(lp)
+                    seq.out.sampling_logprobs.append(slp)
+                self._start(seq, slot, token, len(group.tokens))
+            group.samples = group.samples[len(seqs):]
+            if not group.samples:
+                self.alloc.release(group.pages)
+                self.ready.popleft()
+
+    def _start(self, seq: _Seq, slot: int, token: int, length: int) -> None:
+        index = len(seq.out.tokens)
+        if token in self.eos_set or index >= seq.limit:
+            self._finish(seq, "eos" if token in self.eos_set else "length")
+            return
+        seq.slot, seq.order = slot, self.admitted
+        self.admitted += 1
+        self.slots[slot] = seq
+        st = self.state
+        st["last"][slot], st["length"][slot], st["index"][slot] = token, length, index
+        st["limit"][slot], st["active"][slot] = seq.limit, True
+        st["key"][slot] = np.asarray(jax.random.key_data(seq.key))
+
+    def _finish(self, seq: _Seq, reason: str) -> None:
+        seq.out.finish_reason = reason
+        self.alloc.release(seq.pages)
+        seq.pages = []
+        if seq.slot >= 0:
+            self.slots[seq.slot] = None
+            self.state["active"][seq.slot] = False
+            seq.slot = -1
+        self.finished.append(seq)
+
+    # ---- 2. prefill --------------------------------------------------------------------------
+    def _prefill_one_chunk(self) -> None:
+        group = self.queue[0]
+        left = len(group.tokens) - group.done
+        size = min(left, self.prefill_chunk)
+        width = min(bucket(size), self.prefill_chunk) if size <= self.prefill_chunk else size
+        end = group.done + size
+        need = pages_for(end, self.page_size) - len(group.pages)
+        group.pages += self._allocate(need) if need > 0 else []
+        n = bucket(pages_for(group.done + width, self.page_size), minimum=1)
+        table = np.full((1, n), TRASH, np.int32)
+        table[0, :len(group.pages)] = group.pages
+        tokens = np.zeros((1, width), np.int32)
+        tokens[0, :size] = group.tokens[group.done:end]
+        self.pools, logits = prefill_chunk(
+            self.graphdef, self.params, self.pools, jnp.asarray(table),
+            jnp.asarray([group.done], jnp.int32), jnp.asarray(tokens),
+            jnp.asarray([size], jnp.int32), page_size=self.page_size)
+        self.stats["prefill_chunks"] += 1
+        group.done = end
+        if group.done == len(group.tokens):
+            group.logits = logits[0]
+            self.queue.popleft()
+            self.ready.append(group)
+
+    # ---- 3. decode ---------------------------------------------------------------------------
+    def _decode(self) -> None:
+        st, ps = self.state, self.page_size
+        for seq in sorted((s for s in self.slots if s is not None), key=lambda s: s.order):
+            if seq.slot < 0:  # preempted while an older one got its pages
+                continue
+            i = seq.slot
+            writes = min(self.sync_steps, int(st["limit"][i] - st["index"][i]))
+            need = pages_for(int(st["length"][i]) + writes, ps) - len(seq.pages)
+            if need > 0:
+                seq.pages += self._allocate(need, keep={i})
+        live = [s for s in self.slots if s is not None]
+        if not live:
+            return
+        n = bucket(max(len(s.pages) for s in live), minimum=1)
+        table = np.full((self.max_seqs, n), TRASH, np.int32)
+        for s in live:
+            table[s.slot, :len(s.pages)] = s.pages
+        state = {k: jnp.asarray(v) for k, v in st.items() if k != "key"}
+        state["key"] = jax.random.wrap_key_data(jnp.asarray(st["key"]))
+        self.pools, state, out = decode_steps(
+            self.graphdef, self.params, self.packed, self.pools, jnp.asarray(table), state,
+            self.eos, self.temperature, self.top_p, mode=self.mode, page_size=ps,
+            steps=self.sync_steps)
+        self.stats["decode_calls"] += 1
+        out = jax.device_get(out)
+        host = jax.device_get({k: v for k, v in state.items() if k != "key"})
+        for k in ("last", "length", "index", "active"):
+            st[k] = np.array(host[k])
+        for seq in live:
+            i = seq.slot
+            emitted = out["emitted"][i]
+            seq.out.tokens += out["tokens"][i][emitted].tolist()
+            seq.out.logprobs += out["logprobs"][i][emitted].tolist()
+            seq.out.sampling_logprobs += out["sampling_logprobs"][i][emitted].tolist()
+            if not st["active"][i]:
+                last = seq.out.tokens[-1]
+                self._finish(seq, "eos" if last in self.eos_set else "length")

@@ -41,7 +41,7 @@ import typing
 import weakref
 from typing import Any, Callable, Literal, Union
 
-from hone.agents.tool_messages import tools_system_text as describe_tools  # noqa: F401 - re-exported
+from hone.agents.tool_messages import tools_system_text as describe_tools  # noqa: F401 (re-export)
 
 Result = tuple[bool, str, "str | None"]  # (ok, result or error text, event counter or None)
 

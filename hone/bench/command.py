@@ -62,7 +62,8 @@ examples:
   hone bench dpo --two-rows
   hone bench sft --seq 2048 --batch 1 --remat full
   hone bench grpo --model tiny --steps 2 --beta 0
-  hone bench rollout --workload long-tail --engine paged --steps 1"""
+  hone bench rollout --workload long-tail --engine paged --steps 0   (one rollout, compile
+                                                                       included)"""
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -126,7 +127,10 @@ def _shape(args) -> tuple[int, int, int]:
     batch = args.batch if args.batch is not None else batch
     seq = args.seq if args.seq is not None else seq
     prompt = args.prompt_len if args.prompt_len is not None else (prompt or seq // 2)
-    for name, value in (("--batch", batch), ("--seq", seq), ("--steps", args.steps),
+    if args.row == "rollout" and args.steps < 0 or args.row != "rollout" and args.steps < 1:
+        raise InputError(f"--steps must be at least {0 if args.row == 'rollout' else 1}, got "
+                         f"{args.steps}")
+    for name, value in (("--batch", batch), ("--seq", seq),
                         ("--generations", args.generations), ("--max-seqs", args.max_seqs)):
         if value < 1:
             raise InputError(f"{name} must be at least 1, got {value}")

@@ -9,7 +9,8 @@ iteration, kl_kind k1, loss_agg seq-mean-token-mean; AdamW (lr 1e-4 constant) af
 clipping at 1.0. Reward: the share of even token ids in each completion, so advantages are
 non-zero.
 
-Wired as hone/recipes/grpo.py's `run_grpo` wires it (its objective from hone/rl/grpo_objective.py): `build_model`, `split_model`,
+Wired as hone/recipes/grpo.py's `run_grpo` wires it (its objective from
+hone/rl/grpo_objective.py): `build_model`, `split_model`,
 `rl_optimizer`, `new_train_state`, the reference aux (a copy of the parameters when
 `reference_mode` is "copy", i.e. beta > 0) and `make_rl_step(..., make_grpo_loss(cfg), ...,
 score=make_scoring(...))`: one jitted, state-donating program running the reference forward,

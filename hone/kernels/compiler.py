@@ -34,7 +34,8 @@ HEADERS = [HERE / "common.h"]
 FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w"]
 # XLA custom-call targets: the FFI handler each registers.
 TARGETS = {"hone_packed_matmul": "HonePackedMatmul", "hone_packed_gated": "HonePackedGated",
-           "hone_decode_attention": "HoneDecodeAttention"}
+           "hone_decode_attention": "HoneDecodeAttention",
+           "hone_paged_decode_attention": "HonePagedDecodeAttention"}
 
 
 class Unavailable(RuntimeError):

@@ -108,16 +108,13 @@ inline void PrefetchLines(const char* base, int64_t lines, int64_t from, int64_t
 // The G = N / K query heads of kv head `kh` of row `b`. scratch: G x U rounded up to whole
 // vectors. next_keys / next_values: the next task's (prefetched while this one computes, so
 // the cache is read at the rate of many outstanding loads rather than one stream per core).
+// keys / values: the task's first U slots, H apart; keep: their mask; qh: the G heads' queries,
+// H apart; outs: the G heads' outputs, H apart.
 template <typename T>
-void Heads(const Shape& d, int64_t b, int64_t kh, const float* q, const T* kc, const T* vc,
-           const bool* mask, float* out, float* scratch, const T* next_keys,
-           const T* next_values) {
+void Heads(const Shape& d, const float* qh, const T* keys, const T* values, const bool* keep,
+           float* outs, float* scratch, const T* next_keys, const T* next_values) {
   const int64_t G = d.N / d.K, U = d.U;
   const int64_t padded = (U + kLanes - 1) / kLanes * kLanes;
-  const T* keys = kc + (b * d.K + kh) * d.S * d.H;
-  const T* values = vc + (b * d.K + kh) * d.S * d.H;
-  const bool* keep = mask + b * d.S;
-  const float* qh = q + (b * d.N + kh * G) * d.H;  // the G heads' queries, H apart
   // Scores of every head, blocks of 8 keys outermost: each key is read from memory once.
   const int64_t lines = (U * d.H * static_cast<int64_t>(sizeof(T)) + 63) / 64;
   const int64_t blocks = U / 8, per_block = blocks ? (2 * lines + blocks - 1) / blocks : 0;
@@ -156,7 +153,7 @@ void Heads(const Shape& d, int64_t b, int64_t kh, const float* q, const T* kc, c
       Store(p + s, e);
       norm = Add(norm, e);
     }
-    float* o = out + (b * d.N + kh * G + g) * d.H;
+    float* o = outs + g * d.H;
     Weighted(p, values, U, d.H, o);
     const float total = Sum(norm) - static_cast<float>(padded - U) * (top == kMasked);
     for (int64_t h = 0; h < d.H; ++h) o[h] /= total;
@@ -165,6 +162,19 @@ void Heads(const Shape& d, int64_t b, int64_t kh, const float* q, const T* kc, c
 
 ffi::Error Invalid(const std::string& what) {
   return ffi::Error(ffi::ErrorCode::kInvalidArgument, "hone_decode_attention: " + what);
+}
+
+// Every task of a call, in contiguous runs over the pool's threads (one thread for a call of a
+// few microseconds).
+template <typename F>
+void Spread(ffi::ThreadPool& pool, const Shape& d, int64_t tasks, F run) {
+  // Under ~32 Ki multiply-adds the whole call is a few microseconds: one thread.
+  if (d.B * d.N * d.U * d.H < (int64_t{1} << 15)) {
+    run(0, tasks);
+  } else {
+    const int64_t runs = std::min<int64_t>(tasks, 4 * std::max<int64_t>(1, pool.num_threads()));
+    ParallelFor(pool, runs, [&](int64_t r) { run(r * tasks / runs, (r + 1) * tasks / runs); });
+  }
 }
 
 template <typename T>
@@ -178,20 +188,47 @@ void Run(ffi::ThreadPool& pool, const Shape& d, const float* q, const void* k, c
   // runs per thread, so a thread the pool wakes late takes fewer.
   auto run = [&](int64_t first, int64_t end) {
     std::vector<float> scratch(G * padded);
-    for (int64_t t = first; t < end; ++t) {
+    for (int64_t t = first; t < end; ++t) {  // t = b * K + kh
       const T* next_k = t + 1 < end ? kc + (t + 1) * d.S * d.H : nullptr;
       const T* next_v = t + 1 < end ? vc + (t + 1) * d.S * d.H : nullptr;
-      Heads(d, t / d.K, t % d.K, q, kc, vc, mask, out, scratch.data(), next_k, next_v);
+      const int64_t b = t / d.K, heads = (b * d.N + (t % d.K) * G) * d.H;
+      Heads(d, q + heads, kc + t * d.S * d.H, vc + t * d.S * d.H, mask + b * d.S, out + heads,
+            scratch.data(), next_k, next_v);
     }
   };
-  // Under ~32 Ki multiply-adds the whole call is a few microseconds: one thread.
-  if (d.B * d.N * d.U * d.H < (int64_t{1} << 15)) {
-    run(0, tasks);
-  } else {
-    const int64_t runs = std::min<int64_t>(tasks, 4 * std::max<int64_t>(1, pool.num_threads()));
-    ParallelFor(pool, runs, [&](int64_t r) { run(r * tasks / runs, (r + 1) * tasks / runs); });
-  }
+  Spread(pool, d, tasks, run);
 }
+
+// The same over a page pool [P, K, page, H] (hone/sampling/paged.py): row b's slot s is in page
+// table[b, s / page] at offset s % page. Each task first copies its first U slots' keys and
+// values, page by page, into buffers of its own (they stay in the core's cache for the two
+// passes over them), then runs exactly the contiguous computation on them.
+template <typename T>
+void RunPaged(ffi::ThreadPool& pool, const Shape& d, int64_t pages, int64_t page,
+              const float* q, const void* k, const void* v, const int32_t* table,
+              const bool* mask, float* out) {
+  const T* kc = static_cast<const T*>(k);
+  const T* vc = static_cast<const T*>(v);
+  const int64_t padded = (d.U + kLanes - 1) / kLanes * kLanes;
+  const int64_t tasks = d.B * d.K, G = d.N / d.K;
+  auto run = [&](int64_t first, int64_t end) {
+    std::vector<float> scratch(G * padded);
+    std::vector<T> keys(d.U * d.H), values(d.U * d.H);
+    for (int64_t t = first; t < end; ++t) {
+      const int64_t b = t / d.K, kh = t % d.K, heads = (b * d.N + kh * G) * d.H;
+      for (int64_t j = 0; j * page < d.U; ++j) {
+        const int64_t from = (static_cast<int64_t>(table[b * pages + j]) * d.K + kh) * page * d.H;
+        const int64_t n = std::min(page, d.U - j * page) * d.H * static_cast<int64_t>(sizeof(T));
+        std::memcpy(keys.data() + j * page * d.H, kc + from, n);
+        std::memcpy(values.data() + j * page * d.H, vc + from, n);
+      }
+      Heads(d, q + heads, keys.data(), values.data(), mask + b * d.S, out + heads,
+            scratch.data(), static_cast<const T*>(nullptr), static_cast<const T*>(nullptr));
+    }
+  };
+  Spread(pool, d, tasks, run);
+}
+
 
 std::string Dims(ffi::Span<const int64_t> d) {
   std::string s = "[";
@@ -234,6 +271,47 @@ ffi::Error DecodeAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::DataType::F32>
   return ffi::Error::Success();
 }
 
+ffi::Error PagedDecodeAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::DataType::F32> q,
+                                ffi::AnyBuffer k, ffi::AnyBuffer v,
+                                ffi::Buffer<ffi::DataType::S32> table,
+                                ffi::Buffer<ffi::DataType::PRED> mask,
+                                ffi::Buffer<ffi::DataType::S32> used,
+                                ffi::Result<ffi::Buffer<ffi::DataType::F32>> out, float scale,
+                                float softcap) {
+  auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
+  auto td = table.dimensions(), md = mask.dimensions(), od = out->dimensions();
+  if (qd.size() != 3 || kd.size() != 4 || td.size() != 2 || md.size() != 2 ||
+      used.element_count() != 1)
+    return Invalid("expects q [B, N, H], k and v pools [P, K, page, H], table [B, n], mask "
+                   "[B, n x page] and a scalar used; got q " + Dims(qd) + ", k " + Dims(kd) +
+                   ", table " + Dims(td) + ", mask " + Dims(md));
+  const int64_t pages = td[1], page = kd[2];
+  Shape d{qd[0], qd[1], kd[1], pages * page, qd[2], 0, scale, softcap};
+  if (td[0] != d.B || kd[3] != d.H || d.K <= 0 || d.N % d.K != 0)
+    return Invalid("k " + Dims(kd) + " and table " + Dims(td) + " do not fit q " + Dims(qd));
+  if (vd.size() != 4 || vd[0] != kd[0] || vd[1] != kd[1] || vd[2] != kd[2] || vd[3] != kd[3] ||
+      v.element_type() != k.element_type())
+    return Invalid("v must have k's shape and type; got v " + Dims(vd) + ", k " + Dims(kd));
+  if (md[0] != d.B || md[1] != d.S) return Invalid("mask must be [B, n x page], got " + Dims(md));
+  if (od.size() != 3 || od[0] != d.B || od[1] != d.N || od[2] != d.H)
+    return Invalid("out must be q's shape");
+  d.U = std::min<int64_t>(std::max<int32_t>(used.typed_data()[0], 1), d.S);
+  if (d.B == 0 || d.N == 0 || d.H == 0 || d.S == 0) return ffi::Error::Success();
+  const int32_t* tab = table.typed_data();
+  for (int64_t i = 0; i < d.B * pages; ++i)
+    if (tab[i] < 0 || tab[i] >= kd[0]) return Invalid("a page index is outside the pool");
+  if (k.element_type() == ffi::DataType::F32) {
+    RunPaged<float>(pool, d, pages, page, q.typed_data(), k.untyped_data(), v.untyped_data(),
+                    tab, mask.typed_data(), out->typed_data());
+  } else if (k.element_type() == ffi::DataType::BF16) {
+    RunPaged<uint16_t>(pool, d, pages, page, q.typed_data(), k.untyped_data(),
+                       v.untyped_data(), tab, mask.typed_data(), out->typed_data());
+  } else {
+    return Invalid("k and v must be float32 or bfloat16");
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HoneDecodeAttention, DecodeAttention,
@@ -242,6 +320,19 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(HoneDecodeAttention, DecodeAttention,
                                   .Arg<ffi::Buffer<ffi::DataType::F32>>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::DataType::PRED>>()
+                                  .Arg<ffi::Buffer<ffi::DataType::S32>>()
+                                  .Ret<ffi::Buffer<ffi::DataType::F32>>()
+                                  .Attr<float>("scale")
+                                  .Attr<float>("softcap"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HonePagedDecodeAttention, PagedDecodeAttention,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::DataType::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::DataType::S32>>()
                                   .Arg<ffi::Buffer<ffi::DataType::PRED>>()
                                   .Arg<ffi::Buffer<ffi::DataType::S32>>()
                                   .Ret<ffi::Buffer<ffi::DataType::F32>>()

@@ -28,3 +28,21 @@ def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, mask:
     return call(q.astype(jnp.float32), k_cache, v_cache, mask.astype(jnp.bool_),
                 jnp.asarray(used, jnp.int32), scale=np.float32(scale),
                 softcap=np.float32(softcap or 0.0))
+
+
+def paged_decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, table: jax.Array,
+                           mask: jax.Array, used: jax.Array, scale: float,
+                           softcap: float | None) -> jax.Array:
+    """The same over page pools (hone/sampling/paged.py): k/v pools [P, K, page, H], table
+    [B, n] int32 (row b's pages in order), mask [B, n x page] -> float32 [B, N, H]. Each row's
+    first `used` slots are copied page by page next to the computation, which is then that of
+    `decode_attention` on them (the same numbers)."""
+    if library() is None:
+        raise Unavailable("the CPU kernels are not available")
+    call = jax.ffi.ffi_call("hone_paged_decode_attention",
+                            jax.ShapeDtypeStruct(q.shape, jnp.float32),
+                            vmap_method="sequential")
+    return call(q.astype(jnp.float32), k_pool, v_pool, table.astype(jnp.int32),
+                mask.astype(jnp.bool_), jnp.asarray(used, jnp.int32), scale=np.float32(scale),
+                softcap=np.float32(softcap or 0.0))
+

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hone.kernels import packed as packed_kernel
-from hone.kernels.decode_attention import decode_attention
+from hone.kernels.decode_attention import decode_attention, paged_decode_attention
 from hone.models.blockwise import DEFAULT_BLOCK, blockwise_attention
 from hone.models.config import ModelConfig
 from hone.models.fused_attention import cudnn_attention, splash_attention
@@ -165,16 +165,21 @@ class Attention(nnx.Module):
         (hone/kernels/decode_attention.py; the same numbers up to float32 summation order).
         pages [B, n]: k/v cache are page pools [P, K, page, H] (hone/sampling/paged.py) and row
         b's cache is its pages pages[b] in order; the loop reads one page per row as its block
-        (block = page), so the cache is never gathered whole, and runs even for one page.
+        (block = page), so the cache is never gathered whole, and runs even for one page; with
+        `kernel`, hone's kernel reads the pages itself.
         """
         b, _, n, h = q.shape
         kv, s = self.num_kv_heads, k_cache.shape[2]
         if pages is not None:
             block, s = k_cache.shape[2], pages.shape[1] * k_cache.shape[2]
         if kernel:
-            out = decode_attention(q[:, 0], k_cache, v_cache, mask[:, 0],
-                                   jnp.int32(s) if used is None else used, self.scale,
-                                   self.softcap)
+            used = jnp.int32(s) if used is None else used
+            if pages is not None:
+                out = paged_decode_attention(q[:, 0], k_cache, v_cache, pages, mask[:, 0], used,
+                                             self.scale, self.softcap)
+            else:
+                out = decode_attention(q[:, 0], k_cache, v_cache, mask[:, 0], used, self.scale,
+                                       self.softcap)
             return self.o(out.astype(q.dtype).reshape(b, 1, n, h))
         f32 = jnp.float32
         qg = q.reshape(b, kv, n // kv, 1, h).astype(f32)

@@ -45,7 +45,8 @@ def run_sft(cfg: SFTConfig, *, log=print):
         cfg, model, trainable, sft_step_loss, target_tokens, layout=layout)
     eval_fn = None
     if eval_data:
-        eval_fn = summed_eval(eval_step, frozen, eval_data, sft_eval_means, place=layout.place_batch,
+        eval_fn = summed_eval(eval_step, frozen, eval_data, sft_eval_means,
+                              place=layout.place_batch,
                               max_batches=cfg.train.eval_batches)
     spec = LoopSpec(
         train_step=step, state=state, frozen=frozen, data=train_data.iterator(),

@@ -173,7 +173,7 @@ def _generate_paged(model, tokenizer, ids, max_new_tokens, temperature, top_k, t
                 for i, p in enumerate(ids)]
     engine = PagedEngine(model, max_seqs=max_seqs or min(len(ids) * n, 64),
                          max_len=max(len(p) for p in ids) + max_new_tokens,
-                         cache_dtype=cache_dtype, prefill_chunk=prefill_chunk or 256)
+                         cache_dtype=cache_dtype, prefill_chunk=prefill_chunk or 1024)
     samples = engine.run(requests, temperature=temperature, top_k=top_k, top_p=top_p,
                          eos_ids=eos_ids)
     return [_completion(s.tokens, s.logprobs, s.sampling_logprobs, tokenizer, eos_ids, stop)

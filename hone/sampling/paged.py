@@ -20,7 +20,9 @@ Design choices:
   so a row's numbers do not depend on how long the other rows are. Prefill gathers the chunk's
   row of pages into the [R, S, K, H] keys `Attention.attend` takes (dense or blockwise, as in
   training). Masks come from `make_mask` over the slots, so the numbers are those of the
-  static sampler and of the training forward pass up to float32 summation order.
+  static sampler and of the training forward pass up to float32 summation order. On the CPU,
+  where the sampler runs hone's kernels, the decode-attention kernel reads the pages itself
+  (hone/kernels/decode_attention.cc, the same computation as on a contiguous cache).
 - Sampling keys come with the rows: token t of a sequence is drawn with fold_in(its key, t), so
   it does not depend on the batch it was decoded in.
 """
@@ -65,6 +67,16 @@ def _write(pool: jax.Array, pages: jax.Array, offsets: jax.Array, new: jax.Array
     return pool.at[pages, :, offsets].set(new.astype(pool.dtype))
 
 
+def _store(pools: Pools, out: Pools, i: int, pages, offsets, k, v):
+    """Layer i's new keys and values written into its pools; the new pools also appended to
+    `out` (the pools the program returns). Returns (keys pool, values pool)."""
+    k_pool = _write(pools["k"][i], pages, offsets, k)
+    v_pool = _write(pools["v"][i], pages, offsets, v)
+    out["k"].append(k_pool)
+    out["v"].append(v_pool)
+    return k_pool, v_pool
+
+
 def _cache_of(pool: jax.Array, table: jax.Array) -> jax.Array:
     """The rows' pages, pool [P, K, page, H] and table [R, n], as a cache [R, K, n x page, H]."""
     x = jnp.take(pool, table, axis=0)  # [R, n, K, page, H]
@@ -105,10 +117,7 @@ def prefill_chunk(graphdef, params, pools: Pools, table, start, tokens, n_valid,
 
         def attend(h, i=i, cos=cos, sin=sin, layer=layer, spec=spec):
             q, k, v = layer.attn.project_qkv(h, cos, sin)
-            k_pool = _write(pools["k"][i], pages, offsets, k)
-            v_pool = _write(pools["v"][i], pages, offsets, v)
-            out["k"].append(k_pool)
-            out["v"].append(v_pool)
+            k_pool, v_pool = _store(pools, out, i, pages, offsets, k, v)
             keys = _cache_of(k_pool, table).transpose(0, 2, 1, 3).astype(k.dtype)  # [R, S, K, H]
             values = _cache_of(v_pool, table).transpose(0, 2, 1, 3).astype(v.dtype)
             return layer.attn.attend(q, keys, values, spec, impl=model.attention,
@@ -168,11 +177,9 @@ def decode_steps(graphdef, params, packed, pools: Pools, table, state: dict[str,
 
             def attend(h, i=i, cos=cos, sin=sin, layer=layer, mask=mask):
                 q, k, v = layer.attn.project_qkv(h, cos, sin)
-                k_pool = _write(pools["k"][i], pages, offsets, k)
-                v_pool = _write(pools["v"][i], pages, offsets, v)
-                new["k"].append(k_pool)
-                new["v"].append(v_pool)
-                return layer.attn.attend_step(q, k_pool, v_pool, mask, used, pages=table)
+                k_pool, v_pool = _store(pools, new, i, pages, offsets, k, v)
+                return layer.attn.attend_step(q, k_pool, v_pool, mask, used, pages=table,
+                                              kernel=bool(packed))
 
             x = layer(x, attend)
         logits = model.logits_from_hidden(model.final_norm(x))[:, 0]

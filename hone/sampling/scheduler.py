@@ -4,9 +4,11 @@
 sequences decode at once; when one ends (end-of-sequence token or its token budget), its slot
 and pages are freed and a waiting sample takes the slot at the next turn of the loop. Each turn:
 1. fork: prompts whose prefill is done give samples to free slots. The G samples of a prompt
-   share its full pages; each copies the partly filled last page, then writes its own pages;
-2. prefill: one chunk (`prefill_chunk` tokens at most) of the next waiting prompt, so a long
-   prompt interleaves with the decoding of the others instead of stalling them;
+   share its full pages; each but the last copies the partly filled last page (the last takes
+   the prompt's pages over), then writes its own pages;
+2. prefill: the next waiting prompts that the free slots can take, `prefill_chunk` tokens in
+   all at most (a longer prompt goes in chunks, one a turn), so a long prompt interleaves with
+   the decoding of the others instead of stalling them;
 3. decode: `sync_steps` steps of every slot in one program (hone/sampling/paged.py), after
    each slot got the pages those steps write.
 When the pool runs out of pages, the most recently admitted sequence is preempted: its pages
@@ -97,7 +99,7 @@ class PagedEngine:
 
     def __init__(self, model, *, max_seqs: int = 8, page_size: int = 64,
                  num_pages: int | None = None, max_len: int | None = None, cache_dtype=None,
-                 prefill_chunk: int = 256, sync_steps: int = 8):
+                 prefill_chunk: int = 1024, sync_steps: int = 8):
         cfg = model.config
         for name, value in (("max_seqs", max_seqs), ("page_size", page_size),
                             ("prefill_chunk", prefill_chunk), ("sync_steps", sync_steps)):
@@ -151,8 +153,8 @@ class PagedEngine:
         while self.queue or self.ready or any(s is not None for s in self.slots):
             self.finished: list[_Seq] = []
             self._fork()
-            if not self.ready and self.queue and None in self.slots:
-                self._prefill_one_chunk()
+            if self.queue and self.slots.count(None) > sum(len(g.samples) for g in self.ready):
+                self._prefill()
                 self._fork()
             if any(s is not None for s in self.slots):
                 self._decode()
@@ -212,10 +214,12 @@ class PagedEngine:
             group = self.ready[0]
             free = [i for i, s in enumerate(self.slots) if s is None]
             seqs = group.samples[:len(free)]
+            last = len(seqs) == len(group.samples)  # the group's last samples: one inherits
             full, partial = divmod(len(group.tokens), self.page_size)
-            copies = self._allocate(len(seqs) if partial else 0) if partial else []
-            if partial:
-                src = [group.pages[full]] * len(seqs)
+            copied = len(seqs) - last if partial else 0  # the inheritor keeps the original
+            copies = self._allocate(copied) if copied else []
+            if copies:
+                src = [group.pages[full]] * copied
                 self.pools = copy_pages(self.pools, jnp.asarray(src, jnp.int32),
                                         jnp.asarray(copies, jnp.int32))
             if group.resume:
@@ -228,8 +232,11 @@ class PagedEngine:
                                                           self.temperature, self.top_p))
                 first = list(zip(tok.tolist(), lp.tolist(), slp.tolist()))
             for k, (seq, slot) in enumerate(zip(seqs, free)):
-                self.alloc.share(group.pages[:full])
-                seq.pages = group.pages[:full] + (copies[k:k + 1] if partial else [])
+                if last and k == len(seqs) - 1:  # the group's own references pass to it
+                    seq.pages = list(group.pages)
+                else:
+                    self.alloc.share(group.pages[:full])
+                    seq.pages = group.pages[:full] + (copies[k:k + 1] if partial else [])
                 token, lp, slp = first[k]
                 if lp is not None:
                     seq.out.tokens.append(token)
@@ -238,7 +245,6 @@ class PagedEngine:
                 self._start(seq, slot, token, len(group.tokens))
             group.samples = group.samples[len(seqs):]
             if not group.samples:
-                self.alloc.release(group.pages)
                 self.ready.popleft()
 
     def _start(self, seq: _Seq, slot: int, token: int, length: int) -> None:
@@ -265,29 +271,42 @@ class PagedEngine:
         self.finished.append(seq)
 
     # ---- 2. prefill --------------------------------------------------------------------------
-    def _prefill_one_chunk(self) -> None:
-        group = self.queue[0]
-        left = len(group.tokens) - group.done
-        size = min(left, self.prefill_chunk)
-        width = min(bucket(size), self.prefill_chunk) if size <= self.prefill_chunk else size
-        end = group.done + size
-        need = pages_for(end, self.page_size) - len(group.pages)
-        group.pages += self._allocate(need) if need > 0 else []
-        n = bucket(pages_for(group.done + width, self.page_size), minimum=1)
-        table = np.full((1, n), TRASH, np.int32)
-        table[0, :len(group.pages)] = group.pages
-        tokens = np.zeros((1, width), np.int32)
-        tokens[0, :size] = group.tokens[group.done:end]
+    def _prefill(self) -> None:
+        """One chunk each of the waiting prompts that the free slots can take (their samples
+        counted), at most `prefill_chunk` tokens in all, in one program of one row each."""
+        free = self.slots.count(None) - sum(len(g.samples) for g in self.ready)
+        picked, budget = [], self.prefill_chunk
+        for group in self.queue:
+            if free <= 0 or budget <= 0:
+                break
+            size = min(len(group.tokens) - group.done, budget)
+            picked.append((group, size))
+            free -= len(group.samples)
+            budget -= size
+        width = max(min(bucket(size), self.prefill_chunk) if size <= self.prefill_chunk else size
+                    for _, size in picked)
+        for group, size in picked:
+            need = pages_for(group.done + size, self.page_size) - len(group.pages)
+            group.pages += self._allocate(need) if need > 0 else []
+        rows = bucket(len(picked), minimum=1)
+        n = bucket(max(pages_for(g.done + width, self.page_size) for g, _ in picked), minimum=1)
+        table = np.full((rows, n), TRASH, np.int32)
+        tokens = np.zeros((rows, width), np.int32)
+        start, n_valid = np.zeros(rows, np.int32), np.ones(rows, np.int32)
+        for r, (group, size) in enumerate(picked):
+            table[r, :len(group.pages)] = group.pages
+            tokens[r, :size] = group.tokens[group.done:group.done + size]
+            start[r], n_valid[r] = group.done, size
         self.pools, logits = prefill_chunk(
-            self.graphdef, self.params, self.pools, jnp.asarray(table),
-            jnp.asarray([group.done], jnp.int32), jnp.asarray(tokens),
-            jnp.asarray([size], jnp.int32), page_size=self.page_size)
-        self.stats["prefill_chunks"] += 1
-        group.done = end
-        if group.done == len(group.tokens):
-            group.logits = logits[0]
-            self.queue.popleft()
-            self.ready.append(group)
+            self.graphdef, self.params, self.pools, jnp.asarray(table), jnp.asarray(start),
+            jnp.asarray(tokens), jnp.asarray(n_valid), page_size=self.page_size)
+        self.stats["prefill_calls"] += 1
+        for r, (group, size) in enumerate(picked):
+            group.done += size
+            if group.done == len(group.tokens):
+                group.logits = logits[r]
+                self.queue.remove(group)
+                self.ready.append(group)
 
     # ---- 3. decode ---------------------------------------------------------------------------
     def _decode(self) -> None:

@@ -73,7 +73,7 @@ def _hf_config(arch: str, meta: dict[str, Any], infos: dict[str, TensorInfo],
     heads = meta_value(meta, p + "attention.head_count", path, positive=True)
     kv_heads = meta_value(meta, p + "attention.head_count_kv", path, default=heads, positive=True)
     head_dim = meta_value(meta, p + "attention.key_length", path, default=hidden // heads,
-                    positive=True)
+                          positive=True)
     if head_dim % 2:
         raise InputError(f"head dim {head_dim} is odd; rotary embeddings need it even",
                          path=str(path))
@@ -138,7 +138,7 @@ def _hf_config(arch: str, meta: dict[str, Any], infos: dict[str, TensorInfo],
         hidden_activation="gelu_pytorch_tanh",
         # Local layers use base 10000; GGUF files only record it in newer converters.
         rope_local_base_freq=meta_value(meta, p + "rope.freq_base_swa", path, default=10000.0,
-                                  kind=float),
+                                        kind=float),
         sliding_window=meta_value(meta, p + "attention.sliding_window", path, positive=True),
         # Not stored in GGUF. Every Gemma 3 size scales queries by head_dim**-0.5 except the 27B
         # (62 layers), which uses (hidden/heads)**-0.5; llama.cpp decides the same way.

@@ -74,7 +74,7 @@ def moe_config(arch: str, meta: dict[str, Any], infos: dict[str, TensorInfo], pa
             raise InputError(f"layer {dense[0]} has no router; Mixtral routes every layer",
                              path=str(path), key=f"blk.{dense[0]}.ffn_gate_inp.weight")
         width = meta_value(meta, p + "expert_feed_forward_length", path,
-                     default=config["intermediate_size"], positive=True)
+                           default=config["intermediate_size"], positive=True)
         if width != config["intermediate_size"]:
             raise InputError(f"expert width {width} differs from {p}feed_forward_length "
                              f"{config['intermediate_size']}; Mixtral has one width",

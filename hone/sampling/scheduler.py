@@ -153,7 +153,7 @@ class PagedEngine:
         while self.queue or self.ready or any(s is not None for s in self.slots):
             self.finished: list[_Seq] = []
             self._fork()
-            if self.queue and self.slots.count(None) > sum(len(g.samples) for g in self.ready):
+            if self.queue and self._unclaimed() > 0:
                 self._prefill()
                 self._fork()
             if any(s is not None for s in self.slots):
@@ -270,11 +270,15 @@ class PagedEngine:
             seq.slot = -1
         self.finished.append(seq)
 
+    def _unclaimed(self) -> int:
+        """Free slots that no prefilled prompt's waiting samples will take."""
+        return self.slots.count(None) - sum(len(g.samples) for g in self.ready)
+
     # ---- 2. prefill --------------------------------------------------------------------------
     def _prefill(self) -> None:
         """One chunk each of the waiting prompts that the free slots can take (their samples
         counted), at most `prefill_chunk` tokens in all, in one program of one row each."""
-        free = self.slots.count(None) - sum(len(g.samples) for g in self.ready)
+        free = self._unclaimed()
         picked, budget = [], self.prefill_chunk
         for group in self.queue:
             if free <= 0 or budget <= 0:
@@ -283,8 +287,7 @@ class PagedEngine:
             picked.append((group, size))
             free -= len(group.samples)
             budget -= size
-        width = max(min(bucket(size), self.prefill_chunk) if size <= self.prefill_chunk else size
-                    for _, size in picked)
+        width = min(bucket(max(size for _, size in picked)), self.prefill_chunk)
         for group, size in picked:
             need = pages_for(group.done + size, self.page_size) - len(group.pages)
             group.pages += self._allocate(need) if need > 0 else []

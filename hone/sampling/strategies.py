@@ -6,6 +6,13 @@ Two log-probabilities come back with every token:
   KL terms can use it directly.
 - `sampling_logprob`: under the distribution the token was actually drawn from (temperature,
   then top-k, then top-p, renormalised; 0 for greedy, a point mass).
+
+Drawing a token: inverse transform sampling with one uniform number per row, searched in two
+levels (the cumulative mass of blocks of `BLOCK` tokens, then of the tokens inside the chosen
+block). Exact like the Gumbel-max trick (`jax.random.categorical`), which needs a random number
+and two logarithms per vocabulary entry: on the CPU those were most of a decode step's
+sampling (256 rows x 49,152 tokens: 352 ms against 23 ms for the search). A token of zero
+probability (truncated) is never drawn.
 """
 
 from __future__ import annotations
@@ -42,17 +49,45 @@ def _truncate(scaled: jax.Array, mode: SamplingMode, top_p: jax.Array) -> jax.Ar
     return scaled
 
 
+BLOCK = 256  # vocabulary entries per block of the two-level search
+
+
+def _last_positive(mass: jax.Array) -> jax.Array:
+    """[..., n] -> the index of the last entry > 0 along the last axis."""
+    n = mass.shape[-1]
+    return n - 1 - jnp.argmax(jnp.flip(mass > 0, axis=-1), axis=-1)
+
+
+def draw(key: jax.Array, scaled: jax.Array) -> jax.Array:
+    """One token per row of scaled [B, V] (logits; -inf or the dtype's minimum: never drawn),
+    with probability softmax(scaled): the first token whose cumulative mass exceeds u x total,
+    u uniform in [0, 1)."""
+    b, v = scaled.shape
+    pad = -v % BLOCK
+    weights = jnp.exp(scaled - jnp.max(scaled, axis=-1, keepdims=True))
+    weights = jnp.pad(weights, ((0, 0), (0, pad))).reshape(b, -1, BLOCK)  # [B, blocks, BLOCK]
+    mass = jnp.sum(weights, axis=-1)  # [B, blocks]
+    below = jnp.cumsum(mass, axis=-1)
+    u = jax.random.uniform(key, (b, 1), jnp.float32) * below[:, -1:]
+    block = jnp.minimum(jnp.sum(below <= u, axis=-1), _last_positive(mass))
+    inside = jnp.take_along_axis(weights, block[:, None, None], axis=1)[:, 0]  # [B, BLOCK]
+    before = jnp.take_along_axis(below - mass, block[:, None], axis=-1)
+    j = jnp.sum(jnp.cumsum(inside, axis=-1) + before <= u, axis=-1)
+    return block * BLOCK + jnp.minimum(j, _last_positive(inside))
+
+
 def choose(logits: jax.Array, key: jax.Array, mode: SamplingMode, temperature: jax.Array,
            top_p: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """logits [B, V] float32 -> (token [B], logprob [B], sampling_logprob [B])."""
-    model_lp = jax.nn.log_softmax(logits, axis=-1)
+    def logprob(x, token):  # log softmax(x)[token], without the whole log_softmax
+        return (jnp.take_along_axis(x, token[:, None], axis=-1)[:, 0]
+                - jax.nn.logsumexp(x, axis=-1))
+
     if mode.greedy:
         token = jnp.argmax(logits, axis=-1)
         sampling_lp = jnp.zeros(token.shape, jnp.float32)
     else:
         scaled = _truncate(logits / temperature, mode, top_p)
-        token = jax.random.categorical(key, scaled, axis=-1)
-        sampling_lp = jnp.take_along_axis(jax.nn.log_softmax(scaled, axis=-1),
-                                          token[:, None], axis=-1)[:, 0]
-    lp = jnp.take_along_axis(model_lp, token[:, None], axis=-1)[:, 0]
-    return token.astype(jnp.int32), lp, sampling_lp
+        token = draw(key, scaled)
+        sampling_lp = logprob(scaled, token)
+    return token.astype(jnp.int32), logprob(logits, token), sampling_lp

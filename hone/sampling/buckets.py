@@ -13,3 +13,11 @@ def bucket(n: int, minimum: int = 16) -> int:
     while size < n:
         size *= 2
     return size
+
+
+def row_bucket(n: int, cap: int) -> int:
+    """The decode batch for n running sequences: a power of two up to 32, then the next multiple
+    of 32 (a long tail of finishing sequences shrinks the batch in steps of at most 32 rows,
+    not halves), at most `cap` (the engine's max_seqs)."""
+    size = bucket(n, minimum=8) if n <= 32 else -(-n // 32) * 32
+    return max(1, min(size, cap))

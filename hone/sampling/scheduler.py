@@ -1,16 +1,20 @@
-"""The rollout engine's host side: requests in, a fixed number of sequence slots kept busy.
+"""The rollout engine's host side: requests in, up to `max_seqs` sequences kept decoding.
 
 `PagedEngine.run(requests)` completes every request's prompt `n` times. At most `max_seqs`
-sequences decode at once; when one ends (end-of-sequence token or its token budget), its slot
-and pages are freed and a waiting sample takes the slot at the next turn of the loop. Each turn:
-1. fork: prompts whose prefill is done give samples to free slots. The G samples of a prompt
-   share its full pages; each but the last copies the partly filled last page (the last takes
-   the prompt's pages over), then writes its own pages;
-2. prefill: the next waiting prompts that the free slots can take, `prefill_chunk` tokens in
-   all at most (a longer prompt goes in chunks, one a turn), so a long prompt interleaves with
+sequences decode at once; when one ends (end-of-sequence token or its token budget), its pages
+are freed and a waiting sample takes its place at the next turn of the loop. Each turn:
+1. fork: prompts whose prefill is done give samples to the free places. The G samples of a
+   prompt share its full pages; each but the last copies the partly filled last page (the last
+   takes the prompt's pages over), then writes its own pages;
+2. prefill: the next waiting prompts that the free places can take, `prefill_chunk` tokens in
+   all at most a call (a longer prompt goes in chunks, one a call). While fewer than half of
+   `max_seqs` sequences run, prefill calls follow each other until the places are taken (an
+   idle engine fills up first); otherwise one call a turn, so a long prompt interleaves with
    the decoding of the others instead of stalling them;
-3. decode: `sync_steps` steps of every slot in one program (hone/sampling/paged.py), after
-   each slot got the pages those steps write.
+3. decode: `sync_steps` steps of the running sequences in one program
+   (hone/sampling/paged.py), after each got the pages those steps write. The batch is as large
+   as the running sequences need (`row_bucket`: 8, 16, 32, then steps of 32 rows up to
+   `max_seqs`), so a long tail of few sequences decodes a small batch, not max_seqs rows.
 When the pool runs out of pages, the most recently admitted sequence is preempted: its pages
 are freed and it waits at the head of the queue to be recomputed from its prompt and the
 tokens it has (their keys and values prefilled again), then continues where it stopped. This is
@@ -27,6 +31,7 @@ to reproduce a rollout.
 from __future__ import annotations
 
 import collections
+import time
 from dataclasses import dataclass, field
 import jax
 import jax.numpy as jnp
@@ -34,7 +39,7 @@ import numpy as np
 
 from hone.errors import InputError
 from hone.sampling.engine import pack_weights, split_for_sampling
-from hone.sampling.buckets import bucket
+from hone.sampling.buckets import bucket, row_bucket
 from hone.sampling.pages import TRASH, PageAllocator, pages_for
 from hone.sampling.paged import (choose_rows, copy_pages, decode_steps, init_pools, pool_bytes,
                                  prefill_chunk)
@@ -76,8 +81,11 @@ class _Seq:
     limit: int
     out: Sample
     pages: list[int] = field(default_factory=list)
-    slot: int = -1
+    running: bool = False
     order: int = 0  # admission order: the most recent is preempted first
+    last: int = 0  # the sampled token not yet in the cache
+    length: int = 0  # cache slots written (`last` goes to slot `length`)
+    key_data: np.ndarray | None = None  # `key` as raw key data, for the decode batch
 
 
 @dataclass
@@ -110,6 +118,7 @@ class PagedEngine:
         self.prefill_chunk, self.sync_steps = prefill_chunk, sync_steps
         self.cache_dtype = jnp.dtype(cache_dtype or model.embedder.embedding[...].dtype)
         self.num_pages = num_pages or 1 + max_seqs * pages_for(self.max_len, page_size)
+        self.table_width = pages_for(self.max_len, page_size)  # decode's page-table columns
         self.kv_bytes = pool_bytes(model, self.num_pages, page_size, self.cache_dtype)
         self.pools = None
 
@@ -131,15 +140,7 @@ class PagedEngine:
             self.pools = init_pools(model, self.num_pages, self.page_size, self.cache_dtype)
         self.alloc = PageAllocator(self.num_pages)
         self.stats = collections.Counter()
-        self.slots: list[_Seq | None] = [None] * self.max_seqs
-        self.state = {"last": np.zeros(self.max_seqs, np.int32),
-                      "length": np.zeros(self.max_seqs, np.int32),
-                      "index": np.zeros(self.max_seqs, np.int32),
-                      "limit": np.zeros(self.max_seqs, np.int32),
-                      # each slot's sampling key as raw key data (the device copy is donated)
-                      "key": np.zeros((self.max_seqs,) + jax.random.key_data(
-                          jax.random.key(0)).shape, np.uint32),
-                      "active": np.zeros(self.max_seqs, bool)}
+        self.running: list[_Seq] = []  # in admission order
         self.admitted = 0
         results = [[None] * r.n for r in requests]
         self.queue: collections.deque[_Prefill] = collections.deque()
@@ -150,13 +151,15 @@ class PagedEngine:
                          Sample(policy_version=r.policy_version)) for j in range(r.n)]
             self.queue.append(_Prefill(list(r.prompt), seqs))
         self.ready: collections.deque[_Prefill] = collections.deque()
-        while self.queue or self.ready or any(s is not None for s in self.slots):
+        while self.queue or self.ready or self.running:
             self.finished: list[_Seq] = []
             self._fork()
-            if self.queue and self._unclaimed() > 0:
+            while self.queue and self._unclaimed() > 0:
                 self._prefill()
                 self._fork()
-            if any(s is not None for s in self.slots):
+                if 2 * len(self.running) >= self.max_seqs:  # busy: interleave with decoding
+                    break
+            if self.running:
                 self._decode()
             for seq in self.finished:
                 results[seq.request][seq.sample] = seq.out
@@ -183,37 +186,34 @@ class PagedEngine:
                              key="num_pages")
 
     # ---- pages -------------------------------------------------------------------------------
-    def _allocate(self, n: int, keep: set[int] = frozenset()) -> list[int]:
-        """n pages, preempting running sequences (newest first, never those in `keep`) until
-        they fit."""
+    def _allocate(self, n: int, keep: _Seq | None = None) -> list[int]:
+        """n pages, preempting running sequences (newest first, never `keep`) until they
+        fit."""
         while True:
             pages = self.alloc.allocate(n)
             if pages is not None:
                 return pages
-            running = [s for s in self.slots if s is not None and s.slot not in keep]
+            running = [s for s in self.running if s is not keep]
             if not running:
                 raise InputError("the page pool is too small for the sequences it must hold "
                                  "at once", key="num_pages")
             self._preempt(max(running, key=lambda s: s.order))
 
     def _preempt(self, seq: _Seq) -> None:
-        """Free seq's slot and pages; it waits at the head of the queue to be recomputed."""
+        """Stop seq and free its pages; it waits at the head of the queue to be recomputed."""
         self.stats["preempted"] += 1
         seq.out.preempted += 1
         self.alloc.release(seq.pages)
         seq.pages = []
-        self.slots[seq.slot] = None
-        self.state["active"][seq.slot] = False
-        seq.slot = -1
+        self._stop(seq)
         prompt = self.prompts[seq.request]
         self.queue.appendleft(_Prefill(prompt + seq.out.tokens[:-1], [seq], resume=True))
 
     # ---- 1. fork -----------------------------------------------------------------------------
     def _fork(self) -> None:
-        while self.ready and None in self.slots:
+        while self.ready and len(self.running) < self.max_seqs:
             group = self.ready[0]
-            free = [i for i, s in enumerate(self.slots) if s is None]
-            seqs = group.samples[:len(free)]
+            seqs = group.samples[:self.max_seqs - len(self.running)]
             last = len(seqs) == len(group.samples)  # the group's last samples: one inherits
             full, partial = divmod(len(group.tokens), self.page_size)
             copied = len(seqs) - last if partial else 0  # the inheritor keeps the original
@@ -231,7 +231,7 @@ class PagedEngine:
                 tok, lp, slp = jax.device_get(choose_rows(logits, keys, self.mode,
                                                           self.temperature, self.top_p))
                 first = list(zip(tok.tolist(), lp.tolist(), slp.tolist()))
-            for k, (seq, slot) in enumerate(zip(seqs, free)):
+            for k, seq in enumerate(seqs):
                 if last and k == len(seqs) - 1:  # the group's own references pass to it
                     seq.pages = list(group.pages)
                 else:
@@ -242,41 +242,41 @@ class PagedEngine:
                     seq.out.tokens.append(token)
                     seq.out.logprobs.append(lp)
                     seq.out.sampling_logprobs.append(slp)
-                self._start(seq, slot, token, len(group.tokens))
+                self._start(seq, token, len(group.tokens))
             group.samples = group.samples[len(seqs):]
             if not group.samples:
                 self.ready.popleft()
 
-    def _start(self, seq: _Seq, slot: int, token: int, length: int) -> None:
-        index = len(seq.out.tokens)
-        if token in self.eos_set or index >= seq.limit:
+    def _start(self, seq: _Seq, token: int, length: int) -> None:
+        if token in self.eos_set or len(seq.out.tokens) >= seq.limit:
             self._finish(seq, "eos" if token in self.eos_set else "length")
             return
-        seq.slot, seq.order = slot, self.admitted
+        seq.order, seq.last, seq.length = self.admitted, token, length
+        if seq.key_data is None:
+            seq.key_data = np.asarray(jax.random.key_data(seq.key))
         self.admitted += 1
-        self.slots[slot] = seq
-        st = self.state
-        st["last"][slot], st["length"][slot], st["index"][slot] = token, length, index
-        st["limit"][slot], st["active"][slot] = seq.limit, True
-        st["key"][slot] = np.asarray(jax.random.key_data(seq.key))
+        seq.running = True
+        self.running.append(seq)
+
+    def _stop(self, seq: _Seq) -> None:
+        if seq.running:
+            seq.running = False
+            self.running.remove(seq)
 
     def _finish(self, seq: _Seq, reason: str) -> None:
         seq.out.finish_reason = reason
         self.alloc.release(seq.pages)
         seq.pages = []
-        if seq.slot >= 0:
-            self.slots[seq.slot] = None
-            self.state["active"][seq.slot] = False
-            seq.slot = -1
+        self._stop(seq)
         self.finished.append(seq)
 
     def _unclaimed(self) -> int:
-        """Free slots that no prefilled prompt's waiting samples will take."""
-        return self.slots.count(None) - sum(len(g.samples) for g in self.ready)
+        """Free places that no prefilled prompt's waiting samples will take."""
+        return self.max_seqs - len(self.running) - sum(len(g.samples) for g in self.ready)
 
     # ---- 2. prefill --------------------------------------------------------------------------
     def _prefill(self) -> None:
-        """One chunk each of the waiting prompts that the free slots can take (their samples
+        """One chunk each of the waiting prompts that the free places can take (their samples
         counted), at most `prefill_chunk` tokens in all, in one program of one row each."""
         free = self._unclaimed()
         picked, budget = [], self.prefill_chunk
@@ -300,10 +300,13 @@ class PagedEngine:
             table[r, :len(group.pages)] = group.pages
             tokens[r, :size] = group.tokens[group.done:group.done + size]
             start[r], n_valid[r] = group.done, size
+        t0 = time.perf_counter()
         self.pools, logits = prefill_chunk(
             self.graphdef, self.params, self.pools, jnp.asarray(table), jnp.asarray(start),
             jnp.asarray(tokens), jnp.asarray(n_valid), page_size=self.page_size)
+        logits = jax.block_until_ready(logits)
         self.stats["prefill_calls"] += 1
+        self.stats["prefill_s"] += time.perf_counter() - t0
         for r, (group, size) in enumerate(picked):
             group.done += size
             if group.done == len(group.tokens):
@@ -313,39 +316,45 @@ class PagedEngine:
 
     # ---- 3. decode ---------------------------------------------------------------------------
     def _decode(self) -> None:
-        st, ps = self.state, self.page_size
-        for seq in sorted((s for s in self.slots if s is not None), key=lambda s: s.order):
-            if seq.slot < 0:  # preempted while an older one got its pages
+        ps = self.page_size
+        for seq in list(self.running):  # oldest first: the newest is preempted for them
+            if not seq.running:  # preempted while an older one got its pages
                 continue
-            i = seq.slot
-            writes = min(self.sync_steps, int(st["limit"][i] - st["index"][i]))
-            need = pages_for(int(st["length"][i]) + writes, ps) - len(seq.pages)
+            writes = min(self.sync_steps, seq.limit - len(seq.out.tokens))
+            need = pages_for(seq.length + writes, ps) - len(seq.pages)
             if need > 0:
-                seq.pages += self._allocate(need, keep={i})
-        live = [s for s in self.slots if s is not None]
-        if not live:
-            return
-        n = bucket(max(len(s.pages) for s in live), minimum=1)
-        table = np.full((self.max_seqs, n), TRASH, np.int32)
-        for s in live:
-            table[s.slot, :len(s.pages)] = s.pages
-        state = {k: jnp.asarray(v) for k, v in st.items() if k != "key"}
-        state["key"] = jax.random.wrap_key_data(jnp.asarray(st["key"]))
+                seq.pages += self._allocate(need, keep=seq)
+        live = list(self.running)
+        rows = row_bucket(len(live), self.max_seqs)
+        table = np.full((rows, self.table_width), TRASH, np.int32)
+        st = {"last": np.zeros(rows, np.int32), "length": np.zeros(rows, np.int32),
+              "index": np.zeros(rows, np.int32), "limit": np.zeros(rows, np.int32),
+              "active": np.zeros(rows, bool)}
+        keys = [seq.key_data for seq in live]
+        keys += [keys[0]] * (rows - len(live))
+        for r, seq in enumerate(live):
+            table[r, :len(seq.pages)] = seq.pages
+            st["last"][r], st["length"][r], st["index"][r] = seq.last, seq.length, len(
+                seq.out.tokens)
+            st["limit"][r], st["active"][r] = seq.limit, True
+        state = {k: jnp.asarray(v) for k, v in st.items()}
+        state["key"] = jax.random.wrap_key_data(jnp.asarray(np.stack(keys)))
+        t0 = time.perf_counter()
         self.pools, state, out = decode_steps(
             self.graphdef, self.params, self.packed, self.pools, jnp.asarray(table), state,
             self.eos, self.temperature, self.top_p, mode=self.mode, page_size=ps,
             steps=self.sync_steps)
-        self.stats["decode_calls"] += 1
         out = jax.device_get(out)
-        host = jax.device_get({k: v for k, v in state.items() if k != "key"})
-        for k in ("last", "length", "index", "active"):
-            st[k] = np.array(host[k])
-        for seq in live:
-            i = seq.slot
-            emitted = out["emitted"][i]
-            seq.out.tokens += out["tokens"][i][emitted].tolist()
-            seq.out.logprobs += out["logprobs"][i][emitted].tolist()
-            seq.out.sampling_logprobs += out["sampling_logprobs"][i][emitted].tolist()
-            if not st["active"][i]:
+        self.stats["decode_calls"] += 1
+        self.stats["decode_rows"] += rows
+        self.stats["decode_s"] += time.perf_counter() - t0
+        host = jax.device_get({k: state[k] for k in ("last", "length", "active")})
+        for r, seq in enumerate(live):
+            emitted = out["emitted"][r]
+            seq.out.tokens += out["tokens"][r][emitted].tolist()
+            seq.out.logprobs += out["logprobs"][r][emitted].tolist()
+            seq.out.sampling_logprobs += out["sampling_logprobs"][r][emitted].tolist()
+            seq.last, seq.length = int(host["last"][r]), int(host["length"][r])
+            if not host["active"][r]:
                 last = seq.out.tokens[-1]
                 self._finish(seq, "eos" if last in self.eos_set else "length")

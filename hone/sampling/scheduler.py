@@ -15,13 +15,19 @@ are freed and a waiting sample takes its place at the next turn of the loop. Eac
    (hone/sampling/paged.py), after each got the pages those steps write. The batch is as large
    as the running sequences need (`row_bucket`: 8, 16, 32, then steps of 32 rows up to
    `max_seqs`), so a long tail of few sequences decodes a small batch, not max_seqs rows.
+Episodes (`run(on_turn=)`): when a sample's model turn ends (an end token, the turn's budget
+`Request.turn_tokens`), the callback answers with the tokens to append or None. Appended tokens
+go to the head of the queue as a prefill into the sample's own pages, after its cache (its
+turn's last token first), and its next turn starts from their logits: an episode keeps its
+pages and never encodes its history again; between turns it holds its pages but no place.
 When the pool runs out of pages, the most recently admitted sequence is preempted: its pages
 are freed and it waits at the head of the queue to be recomputed from its prompt and the
 tokens it has (their keys and values prefilled again), then continues where it stopped. This is
 counted (`stats["preempted"]`), never an error; a pool too small for one sequence is.
 
-Determinism: token t of sample j of a request is drawn with fold_in(fold_in(request.key, j), t)
-from that sequence's own logits, so the tokens depend on the request alone, not on `max_seqs`,
+Determinism: token t of sample j of a request (t counting every token after the prompt,
+appended ones too) is drawn with fold_in(fold_in(request.key, j), t) from that sequence's own
+logits, so the tokens depend on the request alone, not on `max_seqs`,
 the order of admission, the other sequences in a decode batch or preemption (fp32; a preempted
 sequence's recomputed keys are those of a prefill instead of decode steps, equal to rounding).
 A request carries its key and its policy version, the two things an asynchronous RL run needs
@@ -43,32 +49,10 @@ from hone.sampling.buckets import bucket, row_bucket
 from hone.sampling.pages import TRASH, PageAllocator, pages_for
 from hone.sampling.paged import (choose_rows, copy_pages, decode_steps, init_pools, pool_bytes,
                                  prefill_chunk)
+from hone.sampling.requests import Request, Sample, Turn, TurnCallback
 from hone.sampling.strategies import SamplingMode
 
-
-@dataclass
-class Request:
-    """A prompt to complete `n` times; sample j draws with fold_in(key, j)."""
-
-    prompt: list[int]
-    max_new_tokens: int
-    key: jax.Array  # a typed PRNG key (jax.random.key)
-    n: int = 1
-    policy_version: int = 0  # the weights it is to be sampled with (asynchronous RL)
-    sample_limits: tuple[int, ...] | None = None  # each sample's own budget (<= max_new_tokens)
-
-
-@dataclass
-class Sample:
-    """One completion: the sampled tokens (the end token included), the model's log-prob of each
-    and the sampling distribution's, why it stopped, and how often it was preempted."""
-
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    sampling_logprobs: list[float] = field(default_factory=list)
-    finish_reason: str = "length"
-    preempted: int = 0
-    policy_version: int = 0
+__all__ = ["PagedEngine", "Request", "Sample", "Turn"]
 
 
 @dataclass
@@ -86,20 +70,31 @@ class _Seq:
     last: int = 0  # the sampled token not yet in the cache
     length: int = 0  # cache slots written (`last` goes to slot `length`)
     key_data: np.ndarray | None = None  # `key` as raw key data, for the decode batch
+    turn_tokens: int = 0  # a model turn's budget
+    turn_start: int = 0  # index in out.tokens of the running turn's first token
+    turn_end: int = 0  # the index at which the running turn stops
 
 
 @dataclass
 class _Prefill:
-    """Tokens to put into pages before samples fork from them: a request's prompt (its samples
-    then draw their first token from the last logits), or a preempted sequence's prompt and
-    tokens but the last (which it then feeds as its pending token)."""
+    """Tokens to put into pages before samples go on from them. kind "prompt": a request's
+    prompt (its samples then draw their first token from the last logits); "resume": a
+    preempted sequence's prompt and tokens but the last (which it then feeds as its pending
+    token); "turn": an episode's last sampled token and the tokens appended after its turn,
+    written after its cache (`offset` slots, in its own pages), its next turn's first token
+    drawn from the last logits."""
 
     tokens: list[int]
     samples: list[_Seq]
-    resume: bool = False
+    kind: str = "prompt"
     pages: list[int] = field(default_factory=list)
+    offset: int = 0  # the slot of tokens[0]
     done: int = 0  # tokens already in pages
     logits: jax.Array | None = None  # [V] after the last chunk
+
+    @property
+    def end(self) -> int:
+        return self.offset + len(self.tokens)
 
 
 class PagedEngine:
@@ -124,8 +119,10 @@ class PagedEngine:
 
     # ---- the loop ----------------------------------------------------------------------------
     def run(self, requests: list[Request], *, temperature: float = 1.0, top_k: int | None = None,
-            top_p: float | None = None, eos_ids=()) -> list[list[Sample]]:
-        """Every request's n samples, request by request."""
+            top_p: float | None = None, eos_ids=(),
+            on_turn: TurnCallback | None = None) -> list[list[Sample]]:
+        """Every request's n samples, request by request. on_turn: called when a sample's
+        model turn ends (hone.sampling.requests); None: every sample is one turn."""
         model = self.model
         self.mode = SamplingMode(greedy=temperature == 0.0, top_k=top_k,
                                  use_top_p=top_p is not None)
@@ -134,6 +131,7 @@ class PagedEngine:
         self.eos = jnp.asarray(list(eos_ids) or [-1], jnp.int32)
         self.eos_set = {int(e) for e in eos_ids}
         self.prompts = [list(r.prompt) for r in requests]
+        self.on_turn = on_turn
         self.graphdef, self.params = split_for_sampling(model)
         self.packed = pack_weights(self.graphdef, self.params)
         if self.pools is None:
@@ -148,19 +146,25 @@ class PagedEngine:
             self._check(r, i)
             limits = r.sample_limits or (r.max_new_tokens,) * r.n
             seqs = [_Seq(i, j, jax.random.fold_in(r.key, j), limits[j],
-                         Sample(policy_version=r.policy_version)) for j in range(r.n)]
+                         Sample(policy_version=r.policy_version),
+                         turn_tokens=r.turn_tokens or r.max_new_tokens) for j in range(r.n)]
             self.queue.append(_Prefill(list(r.prompt), seqs))
         self.ready: collections.deque[_Prefill] = collections.deque()
         while self.queue or self.ready or self.running:
             self.finished: list[_Seq] = []
-            self._fork()
+            moved = self._fork()
             while self.queue and self._unclaimed() > 0:
-                self._prefill()
+                if not self._prefill():  # waits for pages the running sequences free
+                    break
+                moved = True
                 self._fork()
                 if 2 * len(self.running) >= self.max_seqs:  # busy: interleave with decoding
                     break
             if self.running:
                 self._decode()
+            elif not moved:
+                raise InputError("the page pool is too small for the sequences it must hold "
+                                 "at once", key="num_pages")
             for seq in self.finished:
                 results[seq.request][seq.sample] = seq.out
         self.stats["peak_pages"] = self.alloc.peak
@@ -169,8 +173,10 @@ class PagedEngine:
     def _check(self, r: Request, i: int) -> None:
         if not r.prompt:
             raise InputError("prompt is empty", key=f"requests[{i}].prompt")
-        if r.max_new_tokens < 1 or r.n < 1:
-            raise InputError("max_new_tokens and n must be positive", key=f"requests[{i}]")
+        if r.max_new_tokens < 1 or r.n < 1 or (r.turn_tokens is not None
+                                               and r.turn_tokens < 1):
+            raise InputError("max_new_tokens, n and turn_tokens must be positive",
+                             key=f"requests[{i}]")
         if r.sample_limits is not None and (len(r.sample_limits) != r.n or not all(
                 1 <= x <= r.max_new_tokens for x in r.sample_limits)):
             raise InputError("sample_limits must give each of the n samples a budget between "
@@ -186,18 +192,38 @@ class PagedEngine:
                              key="num_pages")
 
     # ---- pages -------------------------------------------------------------------------------
-    def _allocate(self, n: int, keep: _Seq | None = None) -> list[int]:
-        """n pages, preempting running sequences (newest first, never `keep`) until they
-        fit."""
+    def _allocate(self, n: int, keep: _Seq | None = None, keep_groups=(),
+                  admit: bool = False) -> list[int] | None:
+        """n pages, preempting until they fit: running sequences (newest first, never `keep`),
+        then episodes waiting between turns (the last queued first, never one of
+        `keep_groups`); None when nothing is left to preempt. `admit` (pages to start a
+        sequence: a prefill, a fork) preempts nothing while sequences run (it waits for their
+        pages instead, so admissions and preemptions cannot chase each other)."""
         while True:
             pages = self.alloc.allocate(n)
             if pages is not None:
                 return pages
+            if admit and self.running:
+                return None
             running = [s for s in self.running if s is not keep]
-            if not running:
-                raise InputError("the page pool is too small for the sequences it must hold "
-                                 "at once", key="num_pages")
-            self._preempt(max(running, key=lambda s: s.order))
+            waiting = [g for g in self.queue if g.kind == "turn" and g.pages
+                       and not any(g is k for k in keep_groups)]
+            if running:
+                self._preempt(max(running, key=lambda s: s.order))
+            elif waiting:
+                self._unpage(waiting[-1])
+            else:
+                return None
+
+    def _unpage(self, group: _Prefill) -> None:
+        """Free the pages of an episode waiting between turns: its prefill becomes its prompt
+        and every token it has (recomputed, counted as a preemption)."""
+        seq = group.samples[0]
+        self.stats["preempted"] += 1
+        seq.out.preempted += 1
+        self.alloc.release(group.pages)
+        group.tokens = self.prompts[seq.request] + seq.out.tokens
+        group.pages, group.offset, group.done = [], 0, 0
 
     def _preempt(self, seq: _Seq) -> None:
         """Stop seq and free its pages; it waits at the head of the queue to be recomputed."""
@@ -207,27 +233,32 @@ class PagedEngine:
         seq.pages = []
         self._stop(seq)
         prompt = self.prompts[seq.request]
-        self.queue.appendleft(_Prefill(prompt + seq.out.tokens[:-1], [seq], resume=True))
+        self.queue.appendleft(_Prefill(prompt + seq.out.tokens[:-1], [seq], kind="resume"))
 
     # ---- 1. fork -----------------------------------------------------------------------------
-    def _fork(self) -> None:
+    def _fork(self) -> bool:
+        """Start the samples of prefilled groups in the free places; whether any started."""
+        moved = False
         while self.ready and len(self.running) < self.max_seqs:
             group = self.ready[0]
             seqs = group.samples[:self.max_seqs - len(self.running)]
             last = len(seqs) == len(group.samples)  # the group's last samples: one inherits
-            full, partial = divmod(len(group.tokens), self.page_size)
+            full, partial = divmod(group.end, self.page_size)
             copied = len(seqs) - last if partial else 0  # the inheritor keeps the original
-            copies = self._allocate(copied) if copied else []
+            copies = self._allocate(copied, admit=True) if copied else []
+            if copies is None:
+                break
+            moved = True
             if copies:
                 src = [group.pages[full]] * copied
                 self.pools = copy_pages(self.pools, jnp.asarray(src, jnp.int32),
                                         jnp.asarray(copies, jnp.int32))
-            if group.resume:
+            if group.kind == "resume":
                 seq = seqs[0]
                 first = [(seq.out.tokens[-1], None, None)]
             else:
                 logits = jnp.broadcast_to(group.logits, (len(seqs), group.logits.shape[-1]))
-                keys = jnp.stack([jax.random.fold_in(s.key, 0) for s in seqs])
+                keys = jnp.stack([jax.random.fold_in(s.key, len(s.out.tokens)) for s in seqs])
                 tok, lp, slp = jax.device_get(choose_rows(logits, keys, self.mode,
                                                           self.temperature, self.top_p))
                 first = list(zip(tok.tolist(), lp.tolist(), slp.tolist()))
@@ -238,20 +269,25 @@ class PagedEngine:
                     self.alloc.share(group.pages[:full])
                     seq.pages = group.pages[:full] + (copies[k:k + 1] if partial else [])
                 token, lp, slp = first[k]
-                if lp is not None:
+                if lp is not None:  # a turn starts
+                    seq.turn_start = len(seq.out.tokens)
+                    seq.turn_end = min(seq.limit, seq.turn_start + seq.turn_tokens)
                     seq.out.tokens.append(token)
                     seq.out.logprobs.append(lp)
                     seq.out.sampling_logprobs.append(slp)
-                self._start(seq, token, len(group.tokens))
+                    seq.out.model_mask.append(1)
+                self._start(seq, token, group.end)
             group.samples = group.samples[len(seqs):]
             if not group.samples:
                 self.ready.popleft()
+        return moved
 
     def _start(self, seq: _Seq, token: int, length: int) -> None:
-        if token in self.eos_set or len(seq.out.tokens) >= seq.limit:
-            self._finish(seq, "eos" if token in self.eos_set else "length")
+        seq.last, seq.length = token, length
+        if token in self.eos_set or len(seq.out.tokens) >= seq.turn_end:
+            self._end_turn(seq, "eos" if token in self.eos_set else "length")
             return
-        seq.order, seq.last, seq.length = self.admitted, token, length
+        seq.order = self.admitted
         if seq.key_data is None:
             seq.key_data = np.asarray(jax.random.key_data(seq.key))
         self.admitted += 1
@@ -262,6 +298,31 @@ class PagedEngine:
         if seq.running:
             seq.running = False
             self.running.remove(seq)
+
+    def _end_turn(self, seq: _Seq, reason: str) -> None:
+        """A model turn ended: the sample is finished, or (an episode whose callback answers
+        with tokens that fit) it waits at the head of the queue for them to be written after
+        its cache, keeping its pages."""
+        out = seq.out
+        out.turns += 1
+        self.stats["turns"] += 1
+        room = seq.limit - len(out.tokens)
+        more = None
+        if self.on_turn is not None:
+            more = self.on_turn(Turn(seq.request, seq.sample, out.tokens[seq.turn_start:],
+                                     out.logprobs[seq.turn_start:], reason, room))
+        if not more or len(more) >= room:  # nothing to append, or no room for a turn after it
+            self._finish(seq, reason if not more else "length")
+            return
+        more = [int(t) for t in more]
+        out.tokens += more
+        out.logprobs += [0.0] * len(more)
+        out.sampling_logprobs += [0.0] * len(more)
+        out.model_mask += [0] * len(more)
+        self._stop(seq)
+        pages, seq.pages = seq.pages, []  # the queued prefill holds them until it forks
+        self.queue.appendleft(_Prefill([seq.last] + more, [seq], kind="turn", pages=pages,
+                                       offset=seq.length))
 
     def _finish(self, seq: _Seq, reason: str) -> None:
         seq.out.finish_reason = reason
@@ -275,9 +336,10 @@ class PagedEngine:
         return self.max_seqs - len(self.running) - sum(len(g.samples) for g in self.ready)
 
     # ---- 2. prefill --------------------------------------------------------------------------
-    def _prefill(self) -> None:
+    def _prefill(self) -> bool:
         """One chunk each of the waiting prompts that the free places can take (their samples
-        counted), at most `prefill_chunk` tokens in all, in one program of one row each."""
+        counted), at most `prefill_chunk` tokens in all, in one program of one row each;
+        False when the pool has no pages for the first of them yet."""
         free = self._unclaimed()
         picked, budget = [], self.prefill_chunk
         for group in self.queue:
@@ -287,25 +349,38 @@ class PagedEngine:
             picked.append((group, size))
             free -= len(group.samples)
             budget -= size
+        for k, (group, size) in enumerate(picked):
+            need = pages_for(group.offset + group.done + size, self.page_size) - len(group.pages)
+            before = self.stats["preempted"]
+            pages = self._allocate(need, keep_groups=[g for g, _ in picked[:k + 1]],
+                                   admit=True) if need > 0 else []
+            if pages is None:  # the groups before it go first; it waits for pages
+                picked = picked[:k]
+                break
+            group.pages += pages
+            if self.stats["preempted"] != before:  # a group after it may have lost its pages
+                picked = picked[:k + 1]
+                break
+        if not picked:
+            return False
         width = min(bucket(max(size for _, size in picked)), self.prefill_chunk)
-        for group, size in picked:
-            need = pages_for(group.done + size, self.page_size) - len(group.pages)
-            group.pages += self._allocate(need) if need > 0 else []
         rows = bucket(len(picked), minimum=1)
-        n = bucket(max(pages_for(g.done + width, self.page_size) for g, _ in picked), minimum=1)
+        n = bucket(max(pages_for(g.offset + g.done + width, self.page_size)
+                       for g, _ in picked), minimum=1)
         table = np.full((rows, n), TRASH, np.int32)
         tokens = np.zeros((rows, width), np.int32)
         start, n_valid = np.zeros(rows, np.int32), np.ones(rows, np.int32)
         for r, (group, size) in enumerate(picked):
             table[r, :len(group.pages)] = group.pages
             tokens[r, :size] = group.tokens[group.done:group.done + size]
-            start[r], n_valid[r] = group.done, size
+            start[r], n_valid[r] = group.offset + group.done, size
         t0 = time.perf_counter()
         self.pools, logits = prefill_chunk(
             self.graphdef, self.params, self.pools, jnp.asarray(table), jnp.asarray(start),
             jnp.asarray(tokens), jnp.asarray(n_valid), page_size=self.page_size)
         logits = jax.block_until_ready(logits)
         self.stats["prefill_calls"] += 1
+        self.stats["prefill_tokens"] += sum(size for _, size in picked)
         self.stats["prefill_s"] += time.perf_counter() - t0
         for r, (group, size) in enumerate(picked):
             group.done += size
@@ -313,6 +388,7 @@ class PagedEngine:
                 group.logits = logits[r]
                 self.queue.remove(group)
                 self.ready.append(group)
+        return True
 
     # ---- 3. decode ---------------------------------------------------------------------------
     def _decode(self) -> None:
@@ -320,10 +396,14 @@ class PagedEngine:
         for seq in list(self.running):  # oldest first: the newest is preempted for them
             if not seq.running:  # preempted while an older one got its pages
                 continue
-            writes = min(self.sync_steps, seq.limit - len(seq.out.tokens))
+            writes = min(self.sync_steps, seq.turn_end - len(seq.out.tokens))
             need = pages_for(seq.length + writes, ps) - len(seq.pages)
             if need > 0:
-                seq.pages += self._allocate(need, keep=seq)
+                pages = self._allocate(need, keep=seq)
+                if pages is None:
+                    raise InputError("the page pool is too small for the sequences it must "
+                                     "hold at once", key="num_pages")
+                seq.pages += pages
         live = list(self.running)
         rows = row_bucket(len(live), self.max_seqs)
         table = np.full((rows, self.table_width), TRASH, np.int32)
@@ -336,7 +416,7 @@ class PagedEngine:
             table[r, :len(seq.pages)] = seq.pages
             st["last"][r], st["length"][r], st["index"][r] = seq.last, seq.length, len(
                 seq.out.tokens)
-            st["limit"][r], st["active"][r] = seq.limit, True
+            st["limit"][r], st["active"][r] = seq.turn_end, True
         state = {k: jnp.asarray(v) for k, v in st.items()}
         state["key"] = jax.random.wrap_key_data(jnp.asarray(np.stack(keys)))
         t0 = time.perf_counter()
@@ -354,7 +434,8 @@ class PagedEngine:
             seq.out.tokens += out["tokens"][r][emitted].tolist()
             seq.out.logprobs += out["logprobs"][r][emitted].tolist()
             seq.out.sampling_logprobs += out["sampling_logprobs"][r][emitted].tolist()
+            seq.out.model_mask += [1] * int(emitted.sum())
             seq.last, seq.length = int(host["last"][r]), int(host["length"][r])
             if not host["active"][r]:
                 last = seq.out.tokens[-1]
-                self._finish(seq, "eos" if last in self.eos_set else "length")
+                self._end_turn(seq, "eos" if last in self.eos_set else "length")

@@ -1,0 +1,73 @@
+"""What the rollout engine (hone/sampling/scheduler.py) is asked for and what it gives back.
+
+A `Request` is a prompt to complete `n` times. A single-turn completion ends at an end token or
+its budget. An episode is the same request with a turn callback (`PagedEngine.run(on_turn=)`):
+when a sample's turn ends, the callback sees the turn's tokens and answers with tokens to
+append (the environment's turn: they go into the sample's cache after the turn's last token and
+the next model turn starts from them) or None (the sample is finished). A single turn is an
+episode whose callback always answers None.
+
+Everything that decides a sample's tokens travels with its request: the prompt, the key (sample
+j draws its t-th token after the prompt with fold_in(fold_in(key, j), t), t counting appended
+tokens too) and the policy version it is to be sampled with (asynchronous RL records it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import jax
+
+
+@dataclass
+class Request:
+    """A prompt to complete `n` times; sample j draws with fold_in(key, j).
+
+    max_new_tokens: the tokens after the prompt, all turns and appended tokens together.
+    turn_tokens: the tokens one model turn may sample (None: max_new_tokens).
+    sample_limits: each sample's own max_new_tokens (<= max_new_tokens)."""
+
+    prompt: list[int]
+    max_new_tokens: int
+    key: jax.Array  # a typed PRNG key (jax.random.key)
+    n: int = 1
+    policy_version: int = 0  # the weights it is to be sampled with (asynchronous RL)
+    sample_limits: tuple[int, ...] | None = None
+    turn_tokens: int | None = None
+
+
+@dataclass
+class Sample:
+    """One completion: every token after the prompt (an end token included; in an episode the
+    appended tokens too, `model_mask` 0 on them), the model's log-prob of each sampled token and
+    the sampling distribution's (0 on appended tokens), why it stopped ("eos", "length": its
+    budget; "done": the turn callback ended it), the model turns it took and how often it was
+    preempted."""
+
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    sampling_logprobs: list[float] = field(default_factory=list)
+    model_mask: list[int] = field(default_factory=list)
+    finish_reason: str = "length"
+    turns: int = 0
+    preempted: int = 0
+    policy_version: int = 0
+
+
+@dataclass
+class Turn:
+    """A model turn that just ended, as the turn callback sees it: which sample (request index,
+    sample index), the turn's tokens and log-probs, why it ended ("eos" or "length": the turn's
+    or the sample's budget) and the room left for tokens after it (0: whatever the callback
+    answers, the sample is finished)."""
+
+    request: int
+    sample: int
+    tokens: list[int]
+    logprobs: list[float]
+    reason: str
+    room: int
+
+
+TurnCallback = Callable[[Turn], "list[int] | None"]

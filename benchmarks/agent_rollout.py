@@ -6,8 +6,8 @@ environment message between turns; no row stops early, so every row samples 3·N
 
   single-turn   `hone.generate` of 3·N new tokens per row: the ceiling (one prefill, one
                 decode loop)
-  agent         `hone.agents.rollout`: one prefill, then per turn a decode loop and an
-                `extend` that appends the environment's tokens to the live KV cache
+  agent         `hone.agents.rollout` on the paged engine: each turn's environment tokens
+                are prefilled into the episode's own pages, then the next turn decodes
   re-prefill    per turn, `hone.generate` over the whole episode so far (opening, earlier
                 turns and environment messages) as a new prompt: what a sampler without an
                 extend mode does

@@ -7,22 +7,19 @@ kept exactly as sampled (never decoded and encoded again) with the sampler's log
 each; the environment's messages are rendered with the chat template (`hone.agents.render`) and
 appended as tokens. `model_mask` is 1 on sampled tokens only.
 
-How a batch of episodes runs (`hone.sampling.engine`): one prefill of every opening (shared by
-the G episodes of an example when their openings are the same, as `generate(n=)` shares a
-prompt), then per turn one decode loop (every row in lockstep over cache slots; a row that ends
-its turn early writes nothing more, and the loop stops when every row has) and one `extend`
-that appends each continuing row's environment tokens to its live cache (left-padded to the
-turn's longest; the slots in between are invalid, never attended). No turn encodes the history
-again. Rows whose episode ended are batch padding from then on: they never generate, and the
-decode loop ends without waiting for them; once at most half the rows go on, those are gathered
-into a batch of the next power of two (`engine.take_rows`), so later turns decode fewer rows.
+How a batch of episodes runs: on the rollout engine (hone/sampling/scheduler.py), each
+example's opening is one request whose G samples are its episodes (sharing the opening's pages
+when the G openings are the same; else one request per episode). When a model turn ends (an end
+token, `max_new_tokens`), the engine hands it to the episode's environment here, and the
+environment's rendered answer is appended into the episode's own pages; the next turn samples
+from there. No turn encodes the history again, an episode that ends frees its place for the
+next waiting one, and an episode waiting for its environment holds no place.
 
-Slots: the cache holds P + max_turns·max_new_tokens + (max_turns - 1)·E slots (P the padded
-opening, E = `max_env_tokens` per environment turn), what the lockstep schedule can use at
-most, while each episode's own tokens stay within `max_episode_tokens` (a turn that would go past
-it is cut there and the episode ends: `limit = "max_episode_tokens"`). Tool results longer than
-`max_tool_tokens` are cut, marked, and counted. Models with sliding-window layers need a window
-of at least the slot count (padding between turns would otherwise push real keys out of it).
+Limits: each episode's tokens stay within `max_episode_tokens` (and `max_after_opening` after
+its opening): a turn that would go past it is cut there and the episode ends (`limit =
+"max_episode_tokens"`). Tool results longer than `max_tool_tokens` are cut, marked, and counted;
+an environment turn longer than `max_env_tokens` ends the episode. Positions are the tokens'
+own (no padding between turns), so sliding-window models need no window beyond the model's.
 
 Robustness: a factory or reset that raises leaves its episode empty (no tokens, the fallback
 reward); a step that raises ends its episode with the fallback reward; a reset or step that runs
@@ -31,9 +28,12 @@ thread for that, else there is no limit) and treated the same; each is counted i
 `Episode.events` and never stops the batch. Tool calls themselves run inside the environment
 (`hone.agents.environment.ToolEnvironment`: worker processes that are killed on a timeout).
 
-Randomness: the sampler's keys come from `seed` (turn t draws with fold_in(key(seed), t)), each
-environment is seeded with `episode_seed(seed, example, copy)` before its reset: the episodes are
-a function of the weights, the examples and the seed only (exact resume).
+Randomness: the sampler's keys come from `seed`: token t after the opening of copy j of example
+i is drawn with fold_in(fold_in(fold_in(key(seed), i), j), t) (t counting the environment's
+tokens too; when the G openings differ, each episode is a request of its own and its sample 0
+draws with fold_in(fold_in(fold_in(fold_in(key(seed), i), j), 0), t)), and each environment is seeded with `episode_seed(seed, example, copy)` before its
+reset: the episodes are a function of the weights, the examples and the seed only, not of how
+many run at once (exact resume).
 """
 
 from __future__ import annotations
@@ -42,16 +42,14 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
-import numpy as np
+from jax.random import fold_in
 
 from hone.agents.deadline import EnvTimeout, deadline
 from hone.agents.render import after_turn_text, opening_text, supports_tools, with_tools
 from hone.errors import InputError
-from hone.sampling.engine import (decode, extend, pack_weights, prefill, split_for_sampling,
-                                  take_rows)
-from hone.sampling.generate import bucket, encode_prompt
-from hone.sampling.strategies import SamplingMode
+from hone.sampling.generate import encode_prompt
+from hone.sampling.requests import Request, Turn
+from hone.sampling.scheduler import PagedEngine
 
 CUT_MARK = "\n[cut: {n} more tokens]"
 
@@ -149,19 +147,22 @@ def rollout(model, tokenizer, factory: Callable, examples: Sequence[dict], *, ma
             max_opening_tokens: int | None = None, cache_dtype=None,
             eos_ids: Sequence[int] | None = None,
             env_timeout_s: float | None = 60.0,
-            max_after_opening: int | None = None) -> list[Episode]:
+            max_after_opening: int | None = None, max_seqs: int | None = None,
+            page_size: int = 64) -> list[Episode]:
     """Play `group_size` episodes of each example (example-major: episode i·G + j is copy j of
     example i) with `model`'s current weights; see the module docstring.
 
     factory: any callable returning a fresh Environment (a class works). max_env_tokens: the
     tokens an environment turn may add (default max_tool_tokens + 64): a longer one ends the
     episode (`limit = "max_env_tokens"`). prompt_bucket: pad openings to at least this many
-    tokens (one compiled shape per run). max_opening_tokens: a longer opening does not start
+    tokens (the engine's prefill rounds lengths up to its own buckets: accepted, not needed).
+    max_opening_tokens: a longer opening does not start
     (counted as `openings_too_long`; default max_episode_tokens - max_new_tokens).
     env_timeout_s: the time one reset or step may take (None: no limit).
     max_after_opening: an episode's tokens after its opening at most, cut as max_episode_tokens
     cuts (the training row's slots after the opening, L - P: an opening shorter than P leaves
-    room within max_episode_tokens that the row does not have)."""
+    room within max_episode_tokens that the row does not have). max_seqs: episodes running at
+    once on the engine (default all, at most 64); page_size: its KV pages' slots."""
     cfg = model.config
     max_env_tokens = max_env_tokens or -(-(max_tool_tokens + 64) // 16) * 16
     _check(max_turns, max_new_tokens, max_episode_tokens, max_tool_tokens, max_env_tokens,
@@ -179,79 +180,44 @@ def rollout(model, tokenizer, factory: Callable, examples: Sequence[dict], *, ma
                                env_timeout_s)
             lives.append(live)
             openings.append(ids)
-    shared = g > 1 and all(
-        openings[i * g] is not None and all(openings[i * g + j] == openings[i * g]
-                                            for j in range(g))
-        for i in range(len(examples)))
-    copies = g if shared else 1
-    prompts = openings[::g] if shared else openings
-    longest = max((len(p) for p in prompts if p is not None), default=1)
-    p_len = bucket(longest, minimum=max(16, prompt_bucket or 0))
-    rows = bucket(len(prompts), minimum=1)
-    total = p_len + max_turns * max_new_tokens + (max_turns - 1) * max_env_tokens
-    for kind in set(cfg.layer_types):
-        window = model.window_for(kind)
-        if window is not None and window < total:
-            raise InputError(f"the model's {kind} layers attend over a window of {window} "
-                             f"slots, fewer than the episode's {total}; lower max_turns, "
-                             "max_new_tokens or max_env_tokens", key="max_turns")
-    pad_id = getattr(tokenizer, "pad_id", None) or 0
-    tokens = np.full((rows, p_len), pad_id, np.int32)
-    valid = np.zeros((rows, p_len), bool)
-    for r, ids in enumerate(prompts):
-        if ids is not None:
-            tokens[r, p_len - len(ids):], valid[r, p_len - len(ids):] = ids, True
-
     if top_k is not None:
         top_k = min(top_k, cfg.vocab_size)
-    mode = SamplingMode(greedy=temperature == 0.0, top_k=top_k, use_top_p=top_p is not None)
-    temp = jnp.float32(temperature or 1.0)
-    nucleus = jnp.float32(top_p if top_p is not None else 1.0)
     if eos_ids is None:
         eos_ids = tuple(getattr(tokenizer, "eos_ids", ()) or ())
     eos_set = set(int(e) for e in eos_ids)
-    eos = jnp.asarray(list(eos_set) or [-1], jnp.int32)
-    graphdef, params = split_for_sampling(model)
-    dtype = jnp.dtype(cache_dtype or model.embedder.embedding[...].dtype)
     key = jax.random.key(seed)
-    state = prefill(graphdef, params, tokens, valid, key, temp, nucleus, mode=mode, total=total,
-                    cache_dtype=dtype, copies=copies)
-    packed = pack_weights(graphdef, params)
-    row_of = {r: r for r in range(len(lives))}  # the state row each live episode is on
-    for turn in range(max_turns):
-        state = decode(graphdef, params, packed, state, jnp.int32(max_new_tokens), eos,
-                       jnp.int32(pad_id), temp, nucleus, mode=mode)
-        steps = int(state["step"])
-        sampled = np.asarray(state["tokens"][:, :steps])
-        logps = np.asarray(state["logprobs"][:, :steps])
-        appended: dict[int, list[int]] = {}
-        for r, live in enumerate(lives):
-            if live.active:
-                k = row_of[r]
-                cap = max_episode_tokens if max_after_opening is None else min(
-                    max_episode_tokens, live.ep.prompt_len + max_after_opening)
-                ids = _after_model_turn(live, sampled[k], logps[k], eos_set, tokenizer, turn,
-                                        max_turns, cap, max_tool_tokens, max_env_tokens,
-                                        env_timeout_s)
-                if ids is not None:
-                    appended[r] = ids
-        if not appended:
-            break
-        rows_now = state["tokens"].shape[0]
-        if len(appended) <= rows_now // 2:  # finished episodes leave the batch
-            keep = sorted(appended)
-            fewer = bucket(len(keep), minimum=1)
-            picks = [row_of[r] for r in keep] + [row_of[keep[0]]] * (fewer - len(keep))
-            state = take_rows(state, jnp.asarray(picks, jnp.int32))
-            row_of = {r: k for k, r in enumerate(keep)}  # the copies after them are padding
-        width = min(bucket(max(len(x) for x in appended.values())), max_env_tokens)
-        more = np.full((state["tokens"].shape[0], width), pad_id, np.int32)
-        more_valid = np.zeros(more.shape, bool)
-        for r, ids in appended.items():
-            k = row_of[r]
-            more[k, width - len(ids):], more_valid[k, width - len(ids):] = ids, True
-        state = extend(graphdef, params, state, more, more_valid,
-                       jax.random.fold_in(key, turn + 1), temp, nucleus, mode=mode)
+    # One request per example whose G openings are the same (its episodes share the opening's
+    # pages), else one per episode; owners[r][k]: the episode of sample k of request r.
+    requests, owners = [], []
+    for i in range(len(examples)):
+        first = openings[i * g]
+        if first is not None and all(openings[i * g + j] == first for j in range(g)):
+            groups = [(fold_in(key, i), list(range(i * g, i * g + g)))]
+        else:
+            groups = [(fold_in(fold_in(key, i), j), [i * g + j]) for j in range(g)
+                      if openings[i * g + j] is not None]
+        for k, episodes in groups:
+            opening = openings[episodes[0]]
+            room = max_episode_tokens if max_after_opening is None else min(
+                max_episode_tokens, len(opening) + max_after_opening)
+            requests.append(Request(opening, room - len(opening), k, n=len(episodes),
+                                    turn_tokens=max_new_tokens))
+            owners.append(episodes)
+
+    def on_turn(turn: Turn) -> list[int] | None:
+        live = lives[owners[turn.request][turn.sample]]
+        cap = live.ep.prompt_len + requests[turn.request].max_new_tokens
+        cut = turn.room == 0 and turn.reason == "length" and len(turn.tokens) < max_new_tokens
+        return _after_model_turn(live, turn.tokens, turn.logprobs, eos_set, tokenizer,
+                                 live.ep.turns, max_turns, cap, max_tool_tokens, max_env_tokens,
+                                 env_timeout_s, cut=cut)
+
+    if requests:
+        engine = PagedEngine(model, max_seqs=max_seqs or min(64, sum(r.n for r in requests)),
+                             max_len=max(len(r.prompt) + r.max_new_tokens for r in requests),
+                             page_size=page_size, cache_dtype=cache_dtype)
+        engine.run(requests, temperature=temperature, top_k=top_k, top_p=top_p,
+                   eos_ids=tuple(eos_set), on_turn=on_turn)
     return [live.ep for live in lives]
 
 
@@ -284,12 +250,14 @@ def _start(factory, example: dict, seed: int, tokenizer, native: bool, room: int
     return live, ids
 
 
-def _after_model_turn(live: _Live, sampled: np.ndarray, logps: np.ndarray, eos: set[int],
-                      tokenizer, turn: int, max_turns: int, max_episode_tokens: int,
-                      max_tool_tokens: int, max_env_tokens: int,
-                      timeout: float | None) -> list[int] | None:
-    """Record a row's model turn, play the environment's answer; the environment's tokens to
-    append when the episode goes on, else None (and the episode is finished)."""
+def _after_model_turn(live: _Live, sampled, logps, eos: set[int], tokenizer, turn: int,
+                      max_turns: int, max_episode_tokens: int, max_tool_tokens: int,
+                      max_env_tokens: int, timeout: float | None,
+                      cut: bool = False) -> list[int] | None:
+    """Record an episode's model turn, play the environment's answer; the environment's tokens
+    to append when the episode goes on, else None (and the episode is finished). cut: the turn
+    was stopped by the episode's token budget before its own end (it would have gone past
+    max_episode_tokens)."""
     ep = live.ep
     turn_ids = [int(t) for t in sampled]
     end = next((k for k, t in enumerate(turn_ids) if t in eos), None)
@@ -298,7 +266,7 @@ def _after_model_turn(live: _Live, sampled: np.ndarray, logps: np.ndarray, eos: 
     else:
         ep.count("turns_cut")  # max_new_tokens reached inside the turn
     room = max_episode_tokens - len(ep.tokens)
-    over = len(turn_ids) > room
+    over = cut or len(turn_ids) > room
     turn_ids = turn_ids[:room]
     ep.tokens += turn_ids
     ep.model_mask += [1] * len(turn_ids)

@@ -78,7 +78,7 @@ def _turn_state(cache, rope, logits, positions, valid, key, start, n: int, mode,
         "next_pos": positions[:, -1] + 1,  # [B] position of the token just generated
         "done": ~valid[:, -1],  # rows that are batch padding never generate
         # [B] rows whose pending token is not part of the sequence (padding after the end
-        # token, already written, or batch padding): decode and extend write it as invalid
+        # token, already written, or batch padding): decode writes it as invalid
         # and do not advance next_pos, so a finished row's cache holds its sequence only.
         "ended": ~valid[:, -1],
         "tokens": jnp.zeros((b, n), jnp.int32).at[:, 0].set(token),
@@ -105,58 +105,6 @@ def prefill(graphdef, params, tokens, valid, key, temperature, top_p, *, mode: S
         cache, logits, positions, valid = _repeat_rows(cache, logits, positions, valid, copies)
     return _turn_state(cache, rope, logits, positions, valid, key, p, total - p, mode,
                        temperature, top_p)
-
-
-@partial(jax.jit, static_argnames=("graphdef", "mode", "chunk"), donate_argnames=("state",))
-def extend(graphdef, params, state: State, tokens, valid, key, temperature, top_p, *,
-           mode: SamplingMode, chunk: int | None = None) -> State:
-    """Append tokens/valid [B, T] to the sequence a decode state holds and start a new turn:
-    the decode state for generating after them, its first token drawn (with `key`, which
-    should be new: step keys are fold_in(key, step) again from step 0).
-
-    The last generated token is not in the cache yet (the next decode step would write it):
-    extend writes it first, at its slot and position, unless the row had ended before it
-    (then it is padding), so `tokens` are only what follows the turn. Rows may append different
-    numbers of tokens: left-pad them within `tokens` (valid False); the last column must be
-    real for every row that goes on generating. Not with sliding-window layers: a window
-    counts cache slots (and its ring keeps the last W of them), so padding inside a row
-    would hide real keys from it; there every row must append T real tokens, and none may
-    have ended its turn early (its padding after the end token is such a gap). The cache must
-    have room: slots used so far + T + the next turn's tokens <= the `total` the cache was
-    made for (a global layer's cache does not grow; past its end it would wrap). chunk: as
-    in `prefill`.
-    """
-    TRACES["extend"] += 1
-    model = nnx.merge(graphdef, params)
-    start = state["start"] + state["step"] - 1  # the pending token's slot
-    b = tokens.shape[0]
-    pending = state["tokens"][jnp.arange(b), state["step"] - 1]
-    tokens = jnp.concatenate([pending[:, None], tokens], axis=1)  # [B, 1 + T]
-    valid = jnp.concatenate([~state["ended"][:, None], valid], axis=1)
-    # Positions continue from the pending token's (next_pos), counting real tokens only.
-    positions = state["next_pos"][:, None] + jnp.maximum(
-        jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1, 0)
-    logits, cache = forward_chunks(model, state["cache"], tokens, positions, valid, start,
-                                   rope=state["rope"], chunk=chunk, cached_keys=True)
-    return _turn_state(cache, state["rope"], logits, positions, valid, key,
-                       start + tokens.shape[1], state["tokens"].shape[1], mode, temperature,
-                       top_p)
-
-
-@jax.jit
-def take_rows(state: State, rows) -> State:
-    """The decode state of the given rows only ([B'] indices into the batch, repeats allowed):
-    a multi-turn batch whose finished rows drop out between turns, so the next turn decodes
-    B' rows instead of B. Every per-row array (the cache's keys, values and validity, the
-    positions, the flags, the tokens and log-probabilities so far) is gathered; what all rows
-    share (slot indices, rope tables, key, step) is kept."""
-    TRACES["take_rows"] += 1
-    pick = lambda x: jnp.take(x, rows, axis=0)  # noqa: E731
-    cache = state["cache"]
-    cache = dict(cache, k=[pick(k) for k in cache["k"]], v=[pick(v) for v in cache["v"]],
-                 valid={t: pick(v) for t, v in cache["valid"].items()})
-    per_row = ("next_pos", "done", "ended", "tokens", "logprobs", "sampling_logprobs")
-    return dict(state, cache=cache, **{k: pick(state[k]) for k in per_row})
 
 
 def _parts(module) -> tuple:

@@ -21,3 +21,10 @@ def row_bucket(n: int, cap: int) -> int:
     not halves), at most `cap` (the engine's max_seqs)."""
     size = bucket(n, minimum=8) if n <= 32 else -(-n // 32) * 32
     return max(1, min(size, cap))
+
+
+def chunk_bucket(n: int) -> int:
+    """The width of a prefill chunk of n tokens: a multiple of 16 up to 64, then a power of two.
+    A turn's appended tokens (a tool result and the next header: often 10-30 tokens) are
+    prefilled at close to their length, not doubled; prefill costs what its padded tokens do."""
+    return -(-max(n, 1) // 16) * 16 if n <= 64 else bucket(n)

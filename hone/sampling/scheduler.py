@@ -45,9 +45,9 @@ import numpy as np
 
 from hone.errors import InputError
 from hone.sampling.engine import pack_weights, split_for_sampling
-from hone.sampling.buckets import bucket, row_bucket
+from hone.sampling.buckets import bucket, chunk_bucket, row_bucket
 from hone.sampling.pages import TRASH, PageAllocator, pages_for
-from hone.sampling.paged import (choose_rows, copy_pages, decode_steps, init_pools, pool_bytes,
+from hone.sampling.paged import (choose_first, copy_pages, decode_steps, init_pools, pool_bytes,
                                  prefill_chunk)
 from hone.sampling.requests import Request, Sample, Turn, TurnCallback
 from hone.sampling.strategies import SamplingMode
@@ -257,11 +257,16 @@ class PagedEngine:
                 seq = seqs[0]
                 first = [(seq.out.tokens[-1], None, None)]
             else:
-                logits = jnp.broadcast_to(group.logits, (len(seqs), group.logits.shape[-1]))
-                keys = jnp.stack([jax.random.fold_in(s.key, len(s.out.tokens)) for s in seqs])
-                tok, lp, slp = jax.device_get(choose_rows(logits, keys, self.mode,
-                                                          self.temperature, self.top_p))
-                first = list(zip(tok.tolist(), lp.tolist(), slp.tolist()))
+                for s in seqs:
+                    if s.key_data is None:
+                        s.key_data = np.asarray(jax.random.key_data(s.key))
+                rows = bucket(len(seqs), minimum=1)  # padded with copies of the first
+                picks = seqs + [seqs[0]] * (rows - len(seqs))
+                tok, lp, slp = jax.device_get(choose_first(
+                    group.logits, jnp.asarray(np.stack([s.key_data for s in picks])),
+                    jnp.asarray([len(s.out.tokens) for s in picks], jnp.int32), self.mode,
+                    self.temperature, self.top_p))
+                first = list(zip(tok.tolist(), lp.tolist(), slp.tolist()))[:len(seqs)]
             for k, seq in enumerate(seqs):
                 if last and k == len(seqs) - 1:  # the group's own references pass to it
                     seq.pages = list(group.pages)
@@ -288,7 +293,7 @@ class PagedEngine:
             self._end_turn(seq, "eos" if token in self.eos_set else "length")
             return
         seq.order = self.admitted
-        if seq.key_data is None:
+        if seq.key_data is None:  # a resumed sequence
             seq.key_data = np.asarray(jax.random.key_data(seq.key))
         self.admitted += 1
         seq.running = True
@@ -363,7 +368,7 @@ class PagedEngine:
                 break
         if not picked:
             return False
-        width = min(bucket(max(size for _, size in picked)), self.prefill_chunk)
+        width = min(chunk_bucket(max(size for _, size in picked)), self.prefill_chunk)
         rows = bucket(len(picked), minimum=1)
         n = bucket(max(pages_for(g.offset + g.done + width, self.page_size)
                        for g, _ in picked), minimum=1)

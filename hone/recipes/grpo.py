@@ -27,19 +27,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hone.agents.factory import environment_factory
 from hone.config import GRPOConfig
 from hone.data.shared_prefix import work_tokens
 from hone.losses.rl import grpo_advantages, policy_loss_denominator
 from hone.parallel import logical_names
-from hone.rl.collect import Rollouts, make_rl_eval
-from hone.rl.episode_collect import AgentRollouts, make_agent_eval
 from hone.rl.grpo_objective import make_grpo_loss, make_scoring
 from hone.rl.policy_metrics import policy_means
 from hone.rl.prompts import load_prompts
 from hone.rl.remote_reference import RemoteReference, reference_split
-from hone.rl.reward_specs import make_rewards
 from hone.rl.rollout import completion_width, tree_layout
+from hone.rl.rollouts import make_rollouts, rollout_scorer
 from hone.rl.step import make_rl_step
 from hone.tokenizer import load_tokenizer
 from hone.train.build import build_model, make_layout, open_run
@@ -64,11 +61,7 @@ def run_grpo(cfg: GRPOConfig, *, log=print):
     grpo = cfg.grpo
     tokenizer = load_tokenizer(cfg.model.source)
     prompts, held_out = load_prompts(cfg, grpo, tokenizer, log)
-    agent = cfg.agent.enabled
-    # An agent's episodes are rewarded by their environment; its factory is checked here,
-    # before the run directory is written.
-    factory = environment_factory(cfg, log) if agent else None
-    rewards = None if agent else make_rewards(cfg, grpo, prompts, log)
+    scorer = rollout_scorer(cfg, grpo, prompts, log)  # checked before the run is written
     ref_devices, policy_devices = reference_split(cfg)
     layout = make_layout(cfg, devices=policy_devices)
     model, trainable = build_model(cfg, layout=layout)
@@ -99,26 +92,15 @@ def run_grpo(cfg: GRPOConfig, *, log=print):
         score=make_scoring(cfg, graphdef, params, None if reference else mode))
 
     groups = cfg.train.batch_size // grpo.group_size
-    tree = not agent and tree_layout(cfg, shards=layout.shards)
-    log(f"rollout rows: {'one per prompt, its samples sharing it' if tree else 'one per sample'}"
-        + (f" (episodes of up to {cfg.agent.max_turns} turns)" if agent else ""))
+    tree = tree_layout(cfg, shards=layout.shards)
     data_iter = prompts.iterator(groups, cfg.train.seed)
-    if agent:
-        rollouts = AgentRollouts(cfg, grpo, graphdef, params, frozen, tokenizer, prompts,
-                                 factory)
-        evaluate = make_agent_eval(rollouts, held_out)
-    else:
-        rollouts = Rollouts(cfg, grpo, graphdef, params, frozen, tokenizer, prompts, data_iter,
-                            rewards, tree=tree)
-        evaluate = make_rl_eval(rollouts, held_out)
+    rollouts = make_rollouts(cfg, grpo, graphdef, params, frozen, tokenizer, prompts, data_iter,
+                             scorer, tree=tree)
+    log(f"rollout rows: {rollouts.describe()}")
+    evaluate = rollouts.evaluator(held_out)
 
     def prepare(state, prompt_batch, step_index):  # the loop's host-side hook: the rollout
-        if agent:
-            rows, total, _, metrics = rollouts.collect(state, prompt_batch, step_index)
-            del rows["turn_index"]  # PPO's per-turn rewards read it; GRPO's loss does not
-        else:
-            rows, total, _, metrics = rollouts.collect(
-                state, prompt_batch, step_index, extra_rounds=grpo.dynamic_sampling_rounds)
+        rows, total, _, metrics = rollouts.collect(state, prompt_batch, step_index)
         adv, _ = grpo_advantages(jnp.asarray(total), grpo.group_size, scale=grpo.scale,
                                  leave_one_out=grpo.leave_one_out)
         adv = np.asarray(adv, np.float32)

@@ -38,7 +38,7 @@ from hone.config import DPOConfig
 from hone.data.shared_prefix import work_tokens
 from hone.errors import InputError
 from hone.losses.preference import dpo_loss, pair_count, sequence_logprobs
-from hone.rl.collect import Rollouts, make_rl_eval
+from hone.rl.collect import Rollouts
 from hone.rl.judge_pairs import pair_samples, pick_pairs
 from hone.rl.prompts import load_prompts
 from hone.rl.reward_specs import make_rewards
@@ -163,7 +163,7 @@ def run_online_dpo(cfg: DPOConfig, *, log=print):
     data_iter = prompts.iterator(cfg.train.batch_size, cfg.train.seed)
     # Rollouts lends its policy view, judge call, rollout metrics and greedy evaluation.
     rollouts = Rollouts(cfg, d, graphdef, params, frozen, tokenizer, prompts, data_iter, judge)
-    evaluate = make_rl_eval(rollouts, held_out)
+    evaluate = rollouts.evaluator(held_out)
 
     def prepare(state, prompt_batch, step_index):  # the loop's host-side hook
         t0 = time.perf_counter()

@@ -27,20 +27,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from hone.agents.episode_rows import turn_arrays
-from hone.agents.factory import environment_factory
 from hone.config import PPOConfig
 from hone.data.shared_prefix import work_tokens
 from hone.parallel import logical_names
-from hone.rl.collect import Rollouts, make_rl_eval
 from hone.rl.critic import build_ppo_model
-from hone.rl.episode_collect import AgentRollouts, make_agent_eval
 from hone.rl.policy_metrics import policy_means
 from hone.rl.ppo_objective import make_ppo_loss, make_scoring, policy_part
 from hone.rl.prompts import load_prompts
 from hone.rl.remote_reference import RemoteReference, reference_split
-from hone.rl.reward_specs import make_rewards
 from hone.rl.rollout import completion_width, tree_layout
+from hone.rl.rollouts import make_rollouts, rollout_scorer
 from hone.rl.step import make_rl_step
 from hone.tokenizer import load_tokenizer
 from hone.train.build import make_layout, open_run
@@ -66,9 +62,7 @@ def run_ppo(cfg: PPOConfig, *, log=print):
     ppo = cfg.ppo
     tokenizer = load_tokenizer(cfg.model.source)
     prompts, held_out = load_prompts(cfg, ppo, tokenizer, log)
-    agent = cfg.agent.enabled  # episodes, rewarded by their environment (checked before writing)
-    factory = environment_factory(cfg, log) if agent else None
-    rewards = None if agent else make_rewards(cfg, ppo, prompts, log)
+    scorer = rollout_scorer(cfg, ppo, prompts, log)  # checked before the run is written
     ref_devices, policy_devices = reference_split(cfg)
     layout = make_layout(cfg, devices=policy_devices)
     model, trainable, policy_trainable = build_ppo_model(cfg, layout)
@@ -107,28 +101,19 @@ def run_ppo(cfg: PPOConfig, *, log=print):
         minibatches=ppo.minibatches, score=score_fn, finish=finish_fn, layout=layout)
 
     groups = cfg.train.batch_size // ppo.group_size
-    tree = not agent and tree_layout(cfg, shards=layout.shards, minibatches=ppo.minibatches)
-    log(f"rollout rows: {'one per prompt, its samples sharing it' if tree else 'one per sample'}"
-        + (f" (episodes of up to {cfg.agent.max_turns} turns)" if agent else ""))
+    tree = tree_layout(cfg, shards=layout.shards, minibatches=ppo.minibatches)
     data_iter = prompts.iterator(groups, cfg.train.seed)
-    if agent:
-        rollouts = AgentRollouts(cfg, ppo, pol_graphdef, pol_params, pol_frozen, tokenizer,
-                                 prompts, factory)
-        evaluate = make_agent_eval(rollouts, held_out)
-    else:
-        rollouts = Rollouts(cfg, ppo, pol_graphdef, pol_params, pol_frozen, tokenizer, prompts,
-                            data_iter, rewards, tree=tree)
-        evaluate = make_rl_eval(rollouts, held_out)
+    # Episodes' rows carry per-turn rewards and discounts (agent.gamma between turns).
+    rollouts = make_rollouts(cfg, ppo, pol_graphdef, pol_params, pol_frozen, tokenizer, prompts,
+                             data_iter, scorer, tree=tree, turn_gamma=ppo.gamma)
+    log(f"rollout rows: {rollouts.describe()}")
+    evaluate = rollouts.evaluator(held_out)
 
     def prepare(state, prompt_batch, step_index):  # the loop's host-side hook: the rollout
-        rows, total, episodes, metrics = rollouts.collect(
+        rows, total, _, metrics = rollouts.collect(
             {"params": policy_part(state["params"])}, prompt_batch, step_index)
         scores = np.asarray(total, np.float32)
         rows["scores"] = scores.reshape(groups, ppo.group_size) if tree else scores
-        if agent:  # per-turn rewards and discounts (agent.gamma between turns)
-            rows["turn_rewards"], rows["turn_discount"] = turn_arrays(
-                episodes, rows, ppo.gamma, cfg.agent.gamma)
-            del rows["turn_index"]
         if reference is not None:
             if mode == "ema":  # the EMA as the last step left it, as the in-step reference reads
                 reference.transfer_params(state["ema"])

@@ -33,6 +33,9 @@ class Rollouts:
         self.rewards = rewards
         self.groups = cfg.train.batch_size // section.group_size
 
+    def describe(self) -> str:
+        return "one per prompt, its samples sharing it" if self.tree else "one per sample"
+
     def policy(self, params):
         """The policy module over the given weights (shared buffers, no copy)."""
         return nnx.merge(self.graphdef, unflatten(self.template, params), self.frozen)
@@ -51,9 +54,11 @@ class Rollouts:
         return self.rewards(samples.prompt_texts, samples.texts, samples.columns,
                             samples.lengths)
 
-    def collect(self, state, prompt_batch, step: int, extra_rounds: int = 0):
+    def collect(self, state, prompt_batch, step: int):
         """This step's rollout from a batch of the prompt iterator ({"index": [groups, 1]}, see
-        `PromptData.iterator`): (rows, total, samples, metrics).
+        `PromptData.iterator`): (rows, total, samples, metrics). With
+        `dynamic_sampling_rounds` in the section (GRPO's DAPO), up to that many further batches
+        are drawn while fewer groups than the batch holds have rewards that differ.
 
         rows: the training rows (`pack_rows` [B, L], or `pack_tree_rows` [groups, ...] when
         `tree`); total: each sample's summed reward [B], group-major; samples: the `Samples`
@@ -62,6 +67,7 @@ class Rollouts:
         t0 = time.perf_counter()
         model = self.policy(state["params"])
         g, need = self.s.group_size, self.groups
+        extra_rounds = getattr(self.s, "dynamic_sampling_rounds", 0)
         samples, result = self._draw(model, prompt_batch["index"][:, 0], step, 0)
         first_zero = _zero_std_groups(result.total, g)
         parts, kept, spare, rounds = [(samples, result)], [], [], 0
@@ -110,6 +116,27 @@ class Rollouts:
         m.update(completion_stats(samples, self.s.max_new_tokens))
         return m
 
+    def evaluator(self, held_out: PromptData | None):
+        """params -> {"eval_accuracy", "eval_reward", "eval_completion_len"} on the held-out
+        prompts, answered greedily; None without held-out prompts."""
+        if held_out is None:
+            return None
+        from hone.sampling.generate import generate
+
+        def evaluate(params) -> dict:
+            outs = generate(self.policy(params), self.tokenizer, held_out.ids,
+                            max_new_tokens=self.s.max_new_tokens, temperature=0.0,
+                            min_prompt_bucket=self.s.max_prompt_tokens)
+            samples = Samples(held_out.ids, held_out.texts, outs, held_out.columns, 1)
+            m = self.metrics(samples, self.score(samples))
+            out = {"eval_reward": m["reward_mean"],
+                   "eval_completion_len": m["completion_len_mean"]}
+            if "accuracy" in m:
+                out["eval_accuracy"] = m["accuracy"]
+            return out
+
+        return evaluate
+
 
 def _zero_std_groups(total, g: int) -> np.ndarray:
     groups = np.asarray(total, np.float64).reshape(-1, g)
@@ -131,26 +158,3 @@ def _concat_results(results, events: dict[str, int]):
                         per_function={n: np.concatenate([r.per_function[n] for r in results])
                                       for n in results[0].per_function},
                         events=events)
-
-
-def make_rl_eval(rollouts: Rollouts, held_out: PromptData | None):
-    """params -> {"eval_accuracy", "eval_reward", "eval_completion_len"} on the held-out prompts,
-    answered greedily."""
-    if held_out is None:
-        return None
-    from hone.sampling.generate import generate
-
-    def evaluate(params) -> dict:
-        model = rollouts.policy(params)
-        outs = generate(model, rollouts.tokenizer, held_out.ids,
-                        max_new_tokens=rollouts.s.max_new_tokens, temperature=0.0,
-                        min_prompt_bucket=rollouts.s.max_prompt_tokens)
-        samples = Samples(held_out.ids, held_out.texts, outs, held_out.columns, 1)
-        result = rollouts.score(samples)
-        m = rollouts.metrics(samples, result)
-        out = {"eval_reward": m["reward_mean"], "eval_completion_len": m["completion_len_mean"]}
-        if "accuracy" in m:
-            out["eval_accuracy"] = m["accuracy"]
-        return out
-
-    return evaluate

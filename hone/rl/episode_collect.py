@@ -15,7 +15,7 @@ import time
 import numpy as np
 from flax import nnx
 
-from hone.agents.episode_rows import episode_rows
+from hone.agents.episode_rows import episode_rows, turn_arrays
 from hone.agents.rollout import Episode, episode_metrics, rollout
 from hone.grading import is_correct
 from hone.rl.rollout import step_seed
@@ -38,10 +38,15 @@ def zero_std_fraction(total: np.ndarray, group_size: int) -> float:
 class AgentRollouts:
     """Episodes with the policy's current weights, scored and laid out as rows."""
 
-    def __init__(self, cfg, section, graphdef, template, frozen, tokenizer, prompts, factory):
+    def __init__(self, cfg, section, graphdef, template, frozen, tokenizer, prompts, factory,
+                 turn_gamma: float | None = None):
         self.cfg, self.s, self.a = cfg, section, cfg.agent
         self.graphdef, self.template, self.frozen = graphdef, template, frozen
         self.tokenizer, self.prompts, self.factory = tokenizer, prompts, factory
+        self.turn_gamma = turn_gamma  # rows carry per-turn rewards and discounts (PPO)
+
+    def describe(self) -> str:
+        return f"one per episode (episodes of up to {self.a.max_turns} turns)"
 
     def policy(self, params):
         """The policy module over the given weights (shared buffers, no copy)."""
@@ -62,7 +67,8 @@ class AgentRollouts:
                        max_after_opening=a.max_episode_tokens - s.max_prompt_tokens)
 
     def collect(self, state, prompt_batch, step: int):
-        """(rows [B, L], total reward [B], episodes, host metrics) of this step's episodes."""
+        """(rows [B, L], total reward [B], episodes, host metrics) of this step's episodes.
+        prompt_batch: {"index": [records, 1]} from `PromptData.iterator`."""
         t0 = time.perf_counter()
         model = self.policy(state["params"])
         indices = [int(i) for i in np.asarray(prompt_batch["index"][:, 0])]
@@ -71,6 +77,10 @@ class AgentRollouts:
                              step_seed(self.cfg.train.seed, step))
         rows = episode_rows(episodes, self.s.max_prompt_tokens, self.a.max_episode_tokens,
                             self.tokenizer.pad_id)
+        if self.turn_gamma is not None:  # discounts per token, agent.gamma between turns
+            rows["turn_rewards"], rows["turn_discount"] = turn_arrays(
+                episodes, rows, self.turn_gamma, self.a.gamma)
+        del rows["turn_index"]  # what turn_arrays reads; no loss does
         total = np.asarray([ep.reward for ep in episodes], np.float32)
         metrics = self.metrics(episodes, [r for r in records for _ in range(self.s.group_size)])
         if self.s.group_size > 1:  # as single-turn GRPO logs it (hone.rl.collect)
@@ -93,19 +103,18 @@ class AgentRollouts:
         return m
 
 
-def make_agent_eval(rollouts: AgentRollouts, held_out):
-    """params -> {"eval_reward", "eval_accuracy", "eval_turns"} on the held-out records, played
-    greedily (one episode each)."""
-    if held_out is None:
-        return None
+    def evaluator(self, held_out):
+        """params -> {"eval_reward", "eval_accuracy", "eval_turns"} on the held-out records,
+        played greedily (one episode each); None without held-out records."""
+        if held_out is None:
+            return None
 
-    def evaluate(params) -> dict:
-        model = rollouts.policy(params)
-        episodes = rollouts.play(model, held_out.records, 1, 0, temperature=0.0)
-        m = rollouts.metrics(episodes, held_out.records)
-        out = {"eval_reward": m["reward_mean"], "eval_turns": m["agent/turns_mean"]}
-        if "accuracy" in m:
-            out["eval_accuracy"] = m["accuracy"]
-        return out
+        def evaluate(params) -> dict:
+            episodes = self.play(self.policy(params), held_out.records, 1, 0, temperature=0.0)
+            m = self.metrics(episodes, held_out.records)
+            out = {"eval_reward": m["reward_mean"], "eval_turns": m["agent/turns_mean"]}
+            if "accuracy" in m:
+                out["eval_accuracy"] = m["accuracy"]
+            return out
 
-    return evaluate
+        return evaluate

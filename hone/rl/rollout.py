@@ -148,8 +148,12 @@ def tree_layout(cfg, shards: int = 1, minibatches: int = 1) -> bool:
     """Whether the update scores tree rows (one per prompt group): asked for by the RL section's
     shared_prompt, and possible unless the groups do not split evenly over the `shards` data
     shards of the mesh, the `minibatches` and their train.grad_accum micro-batches. (A
-    reference on devices of its own scores tree rows too.)"""
+    reference on devices of its own scores tree rows too.) Never for agent episodes: their
+    openings are shared, but what follows differs in length and turns."""
     section = getattr(cfg, cfg.SECTION)
+    agent = getattr(cfg, "agent", None)
+    if agent is not None and agent.enabled:
+        return False
     groups = cfg.train.batch_size // section.group_size
     return section.shared_prompt and groups % (shards * minibatches * cfg.train.grad_accum) == 0
 

@@ -149,13 +149,30 @@ def attention() -> dict:
             "long_rows": attention_path("auto", long, long, DEFAULT_BLOCK)}
 
 
+def paged_attention(kernel_report: dict) -> str:
+    """How the rollout engine's decode step attends over its page pool here
+    (hone/models/attention.py `attend_step` with pages)."""
+    import jax
+    backend = jax.default_backend()
+    if backend == "gpu":
+        return ("Pallas paged attention (jax.experimental.pallas.ops.gpu), reading each row's "
+                "pages itself; sliding-window layers: XLA, one page per block")
+    if backend == "tpu":
+        return ("bfloat16 pools: Pallas paged attention (jax.experimental.pallas.ops.tpu); "
+                "float32 pools and sliding-window layers: XLA, one page per block")
+    if kernel_report["cpu_decode_kernels"]:
+        return "hone's CPU decode kernel, reading each row's pages itself"
+    return "XLA gathers, one page per block of a running softmax"
+
+
 def collect(lock: str | os.PathLike | None = DEFAULT_LOCK) -> dict:
     """The whole report as one JSON-able dict."""
     import jax
     return {"python": platform.python_version(), "platform": platform.platform(),
             "backend": jax.default_backend(), "device_count": jax.device_count(),
             "process_count": jax.process_count(), "devices": devices(),
-            "host_memory": host_memory(), "kernels": kernels(), "attention": attention(),
+            "host_memory": host_memory(), "kernels": (k := kernels()),
+            "attention": attention(), "paged_attention": paged_attention(k),
             "versions": versions(lock)}
 
 
@@ -182,6 +199,8 @@ def format_report(r: dict) -> str:
     a = r["attention"]
     lines.append(f"model.attention=auto: {a['short_rows']} for rows up to {a['block']} "
                  f"tokens, {a['long_rows']} for longer rows")
+    if "paged_attention" in r:
+        lines.append(f"rollout engine's attention over pages: {r['paged_attention']}")
     if v["lock"] is None:
         lines.append("versions: no lock file found (pass --lock requirements/lock.txt from a "
                      "checkout)")

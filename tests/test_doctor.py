@@ -25,6 +25,8 @@ def test_the_report_describes_this_cpu_backend(capsys):
     # 256-token blocks: a row that fits one block is dense; longer rows on a CPU go blockwise.
     assert r["attention"] == {"block": 256, "short_rows": "dense", "long_rows": "blockwise"}
     assert isinstance(r["kernels"]["cpu_decode_kernels"], bool) and r["kernels"]["why"]
+    assert r["paged_attention"].startswith(
+        "hone's CPU decode kernel" if r["kernels"]["cpu_decode_kernels"] else "XLA gathers")
     # The suite's environment is the locked set (tests/test_install.py holds it there).
     v = r["versions"]
     assert v["lock"].endswith("requirements/lock.txt")
@@ -35,6 +37,7 @@ def test_the_kernels_are_reported_off_when_turned_off(capsys, monkeypatch):
     monkeypatch.setenv("HONE_CPU_KERNELS", "0")
     r = doctor_json(capsys)
     assert r["kernels"] == {"cpu_decode_kernels": False, "why": "HONE_CPU_KERNELS=0"}
+    assert r["paged_attention"].startswith("XLA gathers")  # the rollout engine's path follows
 
 
 def test_versions_that_differ_from_the_lock_are_flagged(capsys, tmp_path):

@@ -44,6 +44,13 @@ class RolloutKeys:
     # The sampler's KV-cache dtype: auto = the model's parameter dtype; bfloat16 halves the
     # cache (log-prob drift measured in docs/guides/_sampler_long.md).
     cache_dtype: str = field(default="auto", metadata={"choices": ("auto", "float32", "bfloat16")})
+    # What samples single-turn completions: paged = the rollout engine
+    # (docs/guides/rollouts.md): at most max_seqs sequences at once over a paged cache, a
+    # finished one's place taken by the next; static = the lockstep sampler over a preallocated
+    # cache (every row decodes until the longest ends). Agent episodes always run paged.
+    engine: str = field(default="paged", metadata={"choices": ("paged", "static")})
+    # Sequences the paged engine decodes at once; None = every sample of the step, at most 64.
+    max_seqs: int | None = field(default=None, metadata={"min": 1})
     # Held-out prompts answered greedily at each evaluation (accuracy, mean reward).
     eval_prompts: int = field(default=64, metadata={"min": 1})
 

@@ -199,13 +199,13 @@ void Run(ffi::ThreadPool& pool, const Shape& d, const float* q, const void* k, c
   Spread(pool, d, tasks, run);
 }
 
-// The same over a page pool [P, K, page, H] (hone/sampling/paged.py): row b's slot s is in page
-// table[b, s / page] at offset s % page. Each task first copies its first U slots' keys and
+// The same over a page pool [K, P, page, H] (hone/sampling/paged.py; the layout of the Pallas
+// paged-attention kernels): row b's slot s is in page table[b, s / page] at offset s % page. Each task first copies its first U slots' keys and
 // values, page by page, into buffers of its own (they stay in the core's cache for the two
 // passes over them), then runs exactly the contiguous computation on them.
 template <typename T>
-void RunPaged(ffi::ThreadPool& pool, const Shape& d, int64_t pages, int64_t page,
-              const float* q, const void* k, const void* v, const int32_t* table,
+void RunPaged(ffi::ThreadPool& pool, const Shape& d, int64_t pool_pages, int64_t pages,
+              int64_t page, const float* q, const void* k, const void* v, const int32_t* table,
               const bool* mask, float* out) {
   const T* kc = static_cast<const T*>(k);
   const T* vc = static_cast<const T*>(v);
@@ -217,7 +217,7 @@ void RunPaged(ffi::ThreadPool& pool, const Shape& d, int64_t pages, int64_t page
     for (int64_t t = first; t < end; ++t) {
       const int64_t b = t / d.K, kh = t % d.K, heads = (b * d.N + kh * G) * d.H;
       for (int64_t j = 0; j * page < d.U; ++j) {
-        const int64_t from = (static_cast<int64_t>(table[b * pages + j]) * d.K + kh) * page * d.H;
+        const int64_t from = (kh * pool_pages + table[b * pages + j]) * page * d.H;
         const int64_t n = std::min(page, d.U - j * page) * d.H * static_cast<int64_t>(sizeof(T));
         std::memcpy(keys.data() + j * page * d.H, kc + from, n);
         std::memcpy(values.data() + j * page * d.H, vc + from, n);
@@ -291,11 +291,11 @@ ffi::Error PagedDecodeAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::DataType:
   auto td = table.dimensions(), md = mask.dimensions(), od = out->dimensions();
   if (qd.size() != 3 || kd.size() != 4 || td.size() != 2 || md.size() != 2 ||
       used.element_count() != 1)
-    return Invalid("expects q [B, N, H], k and v pools [P, K, page, H], table [B, n], mask "
+    return Invalid("expects q [B, N, H], k and v pools [K, P, page, H], table [B, n], mask "
                    "[B, n x page] and a scalar used; got q " + Dims(qd) + ", k " + Dims(kd) +
                    ", table " + Dims(td) + ", mask " + Dims(md));
   const int64_t pages = td[1], page = kd[2];
-  Shape d{qd[0], qd[1], kd[1], pages * page, qd[2], 0, scale, softcap};
+  Shape d{qd[0], qd[1], kd[0], pages * page, qd[2], 0, scale, softcap};
   if (td[0] != d.B || kd[3] != d.H || d.K <= 0 || d.N % d.K != 0)
     return Invalid("k " + Dims(kd) + " and table " + Dims(td) + " do not fit q " + Dims(qd));
   if (std::string bad = SameShapes(kd, vd, k.element_type(), v.element_type(), od, d); !bad.empty())
@@ -305,12 +305,12 @@ ffi::Error PagedDecodeAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::DataType:
   if (d.B == 0 || d.N == 0 || d.H == 0 || d.S == 0) return ffi::Error::Success();
   const int32_t* tab = table.typed_data();
   for (int64_t i = 0; i < d.B * pages; ++i)
-    if (tab[i] < 0 || tab[i] >= kd[0]) return Invalid("a page index is outside the pool");
+    if (tab[i] < 0 || tab[i] >= kd[1]) return Invalid("a page index is outside the pool");
   if (k.element_type() == ffi::DataType::F32) {
-    RunPaged<float>(pool, d, pages, page, q.typed_data(), k.untyped_data(), v.untyped_data(),
+    RunPaged<float>(pool, d, kd[1], pages, page, q.typed_data(), k.untyped_data(), v.untyped_data(),
                     tab, mask.typed_data(), out->typed_data());
   } else if (k.element_type() == ffi::DataType::BF16) {
-    RunPaged<uint16_t>(pool, d, pages, page, q.typed_data(), k.untyped_data(),
+    RunPaged<uint16_t>(pool, d, kd[1], pages, page, q.typed_data(), k.untyped_data(),
                        v.untyped_data(), tab, mask.typed_data(), out->typed_data());
   } else {
     return Invalid("k and v must be float32 or bfloat16");

@@ -33,7 +33,7 @@ def decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, mask:
 def paged_decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, table: jax.Array,
                            mask: jax.Array, used: jax.Array, scale: float,
                            softcap: float | None) -> jax.Array:
-    """The same over page pools (hone/sampling/paged.py): k/v pools [P, K, page, H], table
+    """The same over page pools (hone/sampling/paged.py): k/v pools [K, P, page, H], table
     [B, n] int32 (row b's pages in order), mask [B, n x page] -> float32 [B, N, H]. Each row's
     first `used` slots are copied page by page next to the computation, which is then that of
     `decode_attention` on them (the same numbers)."""

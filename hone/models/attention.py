@@ -17,6 +17,7 @@ from flax import nnx
 
 from hone.kernels import packed as packed_kernel
 from hone.kernels.decode_attention import decode_attention, paged_decode_attention
+from hone.kernels.pallas_paged import paged_attention as pallas_paged_attention
 from hone.models.blockwise import DEFAULT_BLOCK, blockwise_attention
 from hone.models.config import ModelConfig
 from hone.models.fused_attention import cudnn_attention, splash_attention
@@ -149,7 +150,7 @@ class Attention(nnx.Module):
     def attend_step(self, q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
                     mask: jax.Array, used: jax.Array | None = None,
                     block: int = DECODE_BLOCK, kernel: bool = False,
-                    pages: jax.Array | None = None) -> jax.Array:
+                    pages: jax.Array | None = None, pallas: str | None = None) -> jax.Array:
         """One query per row against a cache: q [B, 1, N, H], k/v cache [B, K, S, H]
         (kv-head-major), mask [B, 1, S] -> output [B, 1, D]. `used`: how many leading cache
         slots may hold keys (None: all S); past it, whole blocks are not read and slots of a
@@ -163,15 +164,22 @@ class Attention(nnx.Module):
         block), and only the blocks below `used`: a decode step costs what the sequence so far
         holds, not what the cache could hold. kernel: compute it all in hone's CPU kernel
         (hone/kernels/decode_attention.py; the same numbers up to float32 summation order).
-        pages [B, n]: k/v cache are page pools [P, K, page, H] (hone/sampling/paged.py) and row
+        pages [B, n]: k/v cache are page pools [K, P, page, H] (hone/sampling/paged.py) and row
         b's cache is its pages pages[b] in order; the loop reads one page per row as its block
         (block = page), so the cache is never gathered whole, and runs even for one page; with
-        `kernel`, hone's kernel reads the pages itself.
+        `kernel`, hone's kernel reads the pages itself; with `pallas` (a route of
+        hone/kernels/pallas_paged.py, for masks that are a prefix of each row: no sliding
+        window), JAX's Pallas paged-attention kernel does.
         """
         b, _, n, h = q.shape
         kv, s = self.num_kv_heads, k_cache.shape[2]
         if pages is not None:
             block, s = k_cache.shape[2], pages.shape[1] * k_cache.shape[2]
+        if pages is not None and pallas is not None:
+            lengths = jnp.sum(mask[:, 0], axis=-1, dtype=jnp.int32)
+            out = pallas_paged_attention(q[:, 0], k_cache, v_cache, pages, lengths, self.scale,
+                                         self.softcap, pallas)
+            return self.o(out.astype(q.dtype).reshape(b, 1, n, h))
         if kernel:
             used = jnp.int32(s) if used is None else used
             if pages is not None:
@@ -202,7 +210,7 @@ class Attention(nnx.Module):
             def read(cache, lo, j):  # the block's keys or values [B, K, block, H]
                 if pages is None:
                     return jax.lax.dynamic_slice_in_dim(cache, lo, block, axis=2)
-                return jnp.take(cache, pages[:, j], axis=0)
+                return jnp.take(cache, pages[:, j], axis=1).transpose(1, 0, 2, 3)
 
             def body(j, carry):
                 top, norm, acc = carry

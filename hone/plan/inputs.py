@@ -52,6 +52,8 @@ class PlanInput:
     rollout_rows: int = 0  # RL: sequences sampled per step (prompts x group); 0 = no rollout
     rollout_len: int = 0  # RL: prompt + new tokens per sampled sequence
     cache_dtype: str = "auto"  # RL: KV-cache dtype; auto = param_dtype
+    engine: str = "static"  # RL: static (a cache of rows x len) | paged (a page pool)
+    max_seqs: int | None = None  # RL, paged: sequences at once; None = all rows, at most 64
 
     @property
     def devices(self) -> int:
@@ -128,7 +130,7 @@ def from_config(command: str, cfg, *, arch: ModelConfig | None = None, devices: 
                 d.max_new_tokens
         extra.update(rollout_rows=t.batch_size * d.group_size,
                      rollout_len=d.max_prompt_tokens + d.max_new_tokens,
-                     cache_dtype=d.cache_dtype)
+                     cache_dtype=d.cache_dtype, engine=d.engine, max_seqs=d.max_seqs)
     elif command == "dpo":
         if cfg.dpo.shared_prompt:  # one row [prompt | chosen | rejected] per pair
             row_len = head_len = 2 * length
@@ -139,9 +141,12 @@ def from_config(command: str, cfg, *, arch: ModelConfig | None = None, devices: 
     elif command in ("grpo", "ppo"):
         section = getattr(cfg, command)
         rows, row_len, head_len = _rl_rows(section, t.batch_size)
+        agent = cfg.agent.enabled  # episodes: on the paged engine, up to max_episode_tokens
         extra.update(rollout_rows=t.batch_size,
-                     rollout_len=section.max_prompt_tokens + section.max_new_tokens,
-                     cache_dtype=section.cache_dtype)
+                     rollout_len=cfg.agent.max_episode_tokens if agent
+                     else section.max_prompt_tokens + section.max_new_tokens,
+                     cache_dtype=section.cache_dtype,
+                     engine="paged" if agent else section.engine, max_seqs=section.max_seqs)
         if command == "grpo":
             extra["updates"] = section.iterations
         else:

@@ -6,7 +6,9 @@ the weights and optimizer state that persist across both.
 KV cache (hone/sampling/cache.py): per layer a key and a value buffer [B, K, S, H] with
 S = prompt + new tokens (a sliding layer keeps at most its window), in grpo.cache_dtype
 (auto: the weights' dtype). B is every sampled sequence (prompts x group) split over the batch
-axes; tp splits the kv heads.
+axes; tp splits the kv heads. On the paged engine (grpo.engine: paged, and agent episodes)
+the cache is the page pool instead (hone/sampling/scheduler.py): 1 + max_seqs x
+ceil(len / 64) pages of 64 slots per layer, every layer holding every slot, on one device.
 """
 
 from __future__ import annotations
@@ -16,12 +18,27 @@ from hone.plan.inputs import PlanInput, param_bytes
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 
 
+PAGE_SIZE = 64  # the paged engine's default page
+
+
+def pool_pages(p: PlanInput) -> int:
+    """The paged engine's default pool: enough pages for max_seqs sequences of the longest
+    length, plus the trash page (0 on the static engine)."""
+    if not p.rollout_rows or p.engine != "paged":
+        return 0
+    seqs = p.max_seqs or min(64, p.rollout_rows)
+    return 1 + seqs * -(-p.rollout_len // PAGE_SIZE)
+
+
 def cache_bytes(p: PlanInput) -> float:
-    """Per-device bytes of the rollout's KV cache."""
+    """Per-device bytes of the rollout's KV cache (or page pool)."""
     if not p.rollout_rows:
         return 0.0
     arch = p.arch
     each = DTYPE_BYTES.get(p.cache_dtype, param_bytes(p))
+    if p.engine == "paged":
+        return (2 * len(arch.layer_types) * pool_pages(p) * PAGE_SIZE * arch.num_kv_heads
+                * arch.head_dim * each)
     rows = p.rollout_rows / p.batch_shards
     slots = 0
     for kind in arch.layer_types:
@@ -45,4 +62,6 @@ def prefill_bytes(p: PlanInput) -> float:
 def rollout_lines(p: PlanInput) -> dict[str, float]:
     if not p.rollout_rows:
         return {}
-    return {"KV cache (rollout)": cache_bytes(p), "prefill working set (rollout)": prefill_bytes(p)}
+    kv = (f"KV page pool (rollout, {pool_pages(p)} pages of {PAGE_SIZE} slots)"
+          if p.engine == "paged" else "KV cache (rollout)")
+    return {kv: cache_bytes(p), "prefill working set (rollout)": prefill_bytes(p)}

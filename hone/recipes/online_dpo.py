@@ -42,7 +42,7 @@ from hone.rl.collect import Rollouts
 from hone.rl.judge_pairs import pair_samples, pick_pairs
 from hone.rl.prompts import load_prompts
 from hone.rl.reward_specs import make_rewards
-from hone.rl.rollout import pack_tree_rows, sample, step_seed, tree_width
+from hone.rl.rollout import pack_tree_rows, tree_width
 from hone.tokenizer import load_tokenizer
 from hone.train.build import build_model, compile_steps, make_layout, open_run
 from hone.train.loop import LoopSpec, run_loop
@@ -161,20 +161,14 @@ def run_online_dpo(cfg: DPOConfig, *, log=print):
         f"judge's best against its worst")
 
     data_iter = prompts.iterator(cfg.train.batch_size, cfg.train.seed)
-    # Rollouts lends its policy view, judge call, rollout metrics and greedy evaluation.
+    # Rollouts lends its policy view, draw and judge call, rollout metrics and evaluation.
     rollouts = Rollouts(cfg, d, graphdef, params, frozen, tokenizer, prompts, data_iter, judge)
     evaluate = rollouts.evaluator(held_out)
 
     def prepare(state, prompt_batch, step_index):  # the loop's host-side hook
         t0 = time.perf_counter()
-        ids, texts, columns = prompts.select(prompt_batch["index"][:, 0])
-        samples = sample(rollouts.policy(state["params"]), tokenizer, ids, texts, columns,
-                         group_size=d.group_size, max_new_tokens=d.max_new_tokens,
-                         temperature=d.temperature, top_k=d.top_k, top_p=d.top_p,
-                         prompt_bucket=d.max_prompt_tokens,
-                         cache_dtype=None if d.cache_dtype == "auto" else d.cache_dtype,
-                         seed=step_seed(cfg.train.seed, step_index))
-        result = rollouts.score(samples)
+        samples, result = rollouts.draw(rollouts.policy(state["params"]),
+                                        prompt_batch["index"][:, 0], step_index)
         pairs = pick_pairs(result.total, d.group_size)
         paired = pair_samples(samples, pairs)
         rows = pack_tree_rows(paired, d.max_prompt_tokens,

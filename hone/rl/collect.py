@@ -40,14 +40,17 @@ class Rollouts:
         """The policy module over the given weights (shared buffers, no copy)."""
         return nnx.merge(self.graphdef, unflatten(self.template, params), self.frozen)
 
-    def _draw(self, model, indices, step: int, round_: int) -> tuple[Samples, object]:
+    def draw(self, model, indices, step: int, round_: int = 0) -> tuple[Samples, object]:
+        """G samples of each prompt of `indices` and their rewards (the run's seed, step and
+        refill round fix the draw)."""
         s = self.s
         ids, texts, columns = self.prompts.select(indices)
         samples = sample(model, self.tokenizer, ids, texts, columns, group_size=s.group_size,
                          max_new_tokens=s.max_new_tokens, temperature=s.temperature,
                          top_k=s.top_k, top_p=s.top_p, prompt_bucket=s.max_prompt_tokens,
                          cache_dtype=None if s.cache_dtype == "auto" else s.cache_dtype,
-                         seed=step_seed(self.cfg.train.seed, step, round_))
+                         seed=step_seed(self.cfg.train.seed, step, round_), engine=s.engine,
+                         max_seqs=s.max_seqs)
         return samples, self.score(samples)
 
     def score(self, samples: Samples):
@@ -68,7 +71,7 @@ class Rollouts:
         model = self.policy(state["params"])
         g, need = self.s.group_size, self.groups
         extra_rounds = getattr(self.s, "dynamic_sampling_rounds", 0)
-        samples, result = self._draw(model, prompt_batch["index"][:, 0], step, 0)
+        samples, result = self.draw(model, prompt_batch["index"][:, 0], step, 0)
         first_zero = _zero_std_groups(result.total, g)
         parts, kept, spare, rounds = [(samples, result)], [], [], 0
         if extra_rounds:
@@ -79,7 +82,7 @@ class Rollouts:
                 if len(kept) >= need or rounds >= extra_rounds:
                     break
                 rounds += 1
-                parts.append(self._draw(model, self.data_iter.next()["index"][:, 0], step,
+                parts.append(self.draw(model, self.data_iter.next()["index"][:, 0], step,
                                         rounds))
             chosen = (kept + spare)[:need]
             samples = Samples.concat([parts[p][0].take_groups([k]) for p, k in chosen])

@@ -64,7 +64,8 @@ class AgentRollouts:
                        group_size=group_size, prompt_bucket=s.max_prompt_tokens,
                        max_opening_tokens=s.max_prompt_tokens, env_timeout_s=a.env_timeout_s,
                        cache_dtype=None if s.cache_dtype == "auto" else s.cache_dtype,
-                       max_after_opening=a.max_episode_tokens - s.max_prompt_tokens)
+                       max_after_opening=a.max_episode_tokens - s.max_prompt_tokens,
+                       max_seqs=s.max_seqs)
 
     def collect(self, state, prompt_batch, step: int):
         """(rows [B, L], total reward [B], episodes, host metrics) of this step's episodes.

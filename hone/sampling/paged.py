@@ -36,6 +36,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from hone.models.attention import make_mask
 from hone.models.masks import MaskSpec
@@ -45,13 +46,21 @@ from hone.sampling.strategies import SamplingMode, choose
 
 TRACES: collections.Counter = collections.Counter()  # compiles per program; tests read it
 
-Pools = dict[str, list[jax.Array]]  # {"k": [L x [P, K, page, H]], "v": [...]}
+# {"k": [L x [K, P, page, H]], "v": [...]}: kv-head major, the layout of the Pallas paged-attention
+# kernels (jax.experimental.pallas.ops.gpu / tpu) and of hone's CPU kernel.
+Pools = dict[str, list[jax.Array]]
 
 
 def init_pools(model, num_pages: int, page_size: int, dtype) -> Pools:
+    """Zeroed pools on the weights' devices: replicated over their mesh when the weights are
+    sharded (an RL policy on a mesh), so the engine's programs see one device set."""
     cfg = model.config
-    shape = (num_pages, cfg.num_kv_heads, page_size, cfg.head_dim)
-    return _zero_pools(shape, jnp.dtype(dtype), len(cfg.layer_types))
+    shape = (cfg.num_kv_heads, num_pages, page_size, cfg.head_dim)
+    pools = _zero_pools(shape, jnp.dtype(dtype), len(cfg.layer_types))
+    sharding = model.embedder.embedding[...].sharding
+    if isinstance(sharding, NamedSharding) and sharding.mesh.size > 1:
+        pools = jax.device_put(pools, NamedSharding(sharding.mesh, PartitionSpec()))
+    return pools
 
 
 @partial(jax.jit, static_argnames=("shape", "dtype", "layers"))
@@ -68,8 +77,8 @@ def pool_bytes(model, num_pages: int, page_size: int, dtype) -> int:
 
 
 def _write(pool: jax.Array, pages: jax.Array, offsets: jax.Array, new: jax.Array) -> jax.Array:
-    """Keys or values new [R, T, K, H] into pool [P, K, page, H] at pages/offsets [R, T]."""
-    return pool.at[pages, :, offsets].set(new.astype(pool.dtype))
+    """Keys or values new [R, T, K, H] into pool [K, P, page, H] at pages/offsets [R, T]."""
+    return pool.at[:, pages, offsets].set(new.transpose(2, 0, 1, 3).astype(pool.dtype))
 
 
 def _store(pools: Pools, out: Pools, i: int, pages, offsets, k, v):
@@ -83,10 +92,10 @@ def _store(pools: Pools, out: Pools, i: int, pages, offsets, k, v):
 
 
 def _cache_of(pool: jax.Array, table: jax.Array) -> jax.Array:
-    """The rows' pages, pool [P, K, page, H] and table [R, n], as a cache [R, K, n x page, H]."""
-    x = jnp.take(pool, table, axis=0)  # [R, n, K, page, H]
-    r, n, k, p, h = x.shape
-    return x.transpose(0, 2, 1, 3, 4).reshape(r, k, n * p, h)
+    """The rows' pages, pool [K, P, page, H] and table [R, n], as a cache [R, K, n x page, H]."""
+    x = jnp.take(pool, table, axis=1)  # [K, R, n, page, H]
+    k, r, n, p, h = x.shape
+    return x.transpose(1, 0, 2, 3, 4).reshape(r, k, n * p, h)
 
 
 def _where(table: jax.Array, slots: jax.Array, live: jax.Array, page_size: int):
@@ -153,11 +162,11 @@ def choose_first(logits: jax.Array, key_data: jax.Array, index: jax.Array, mode:
     return choose_rows(rows, keys, mode, temperature, top_p)
 
 
-@partial(jax.jit, static_argnames=("graphdef", "mode", "page_size", "steps"),
+@partial(jax.jit, static_argnames=("graphdef", "mode", "page_size", "steps", "pallas"),
          donate_argnames=("pools", "state"))
 def decode_steps(graphdef, params, packed, pools: Pools, table, state: dict[str, Any], eos_ids,
-                 temperature, top_p, *, mode: SamplingMode, page_size: int,
-                 steps: int) -> tuple[Pools, dict[str, Any], dict[str, jax.Array]]:
+                 temperature, top_p, *, mode: SamplingMode, page_size: int, steps: int,
+                 pallas: str | None = None) -> tuple[Pools, dict[str, Any], dict[str, jax.Array]]:
     """Up to `steps` decode steps of every slot (table [S, n]: each slot's first n pages); fewer
     when every slot has stopped.
 
@@ -165,7 +174,9 @@ def decode_steps(graphdef, params, packed, pools: Pools, table, state: dict[str,
     cache: `last` goes to slot length), `index` (the token index `last`'s successor gets),
     `limit` (the index at which the sequence stops), `key` (its sampling key), `active`.
     Returns the pools, the state after the steps and what each step emitted, [S, steps]:
-    `tokens`, `logprobs`, `sampling_logprobs` and `emitted` (False where a slot was idle)."""
+    `tokens`, `logprobs`, `sampling_logprobs` and `emitted` (False where a slot was idle).
+    pallas: a route of hone/kernels/pallas_paged.py for the layers without a sliding window
+    (None: hone's CPU kernel when `packed`, else XLA's blockwise loop over pages)."""
     TRACES["decode_steps"] += 1
     model = nnx.merge(graphdef, params)
     attach_packed(model, packed)
@@ -189,13 +200,15 @@ def decode_steps(graphdef, params, packed, pools: Pools, table, state: dict[str,
         for i, layer in enumerate(model.layers):
             kind = layer.layer_type
             cos, sin = ropes[kind]
-            mask = make_mask(pos[:, None], k_index, k_valid, model.window_for(kind))
+            window = model.window_for(kind)
+            mask = make_mask(pos[:, None], k_index, k_valid, window)
+            route = pallas if window is None else None  # the kernels mask by length alone
 
-            def attend(h, i=i, cos=cos, sin=sin, layer=layer, mask=mask):
+            def attend(h, i=i, cos=cos, sin=sin, layer=layer, mask=mask, route=route):
                 q, k, v = layer.attn.project_qkv(h, cos, sin)
                 k_pool, v_pool = _store(pools, new, i, pages, offsets, k, v)
                 return layer.attn.attend_step(q, k_pool, v_pool, mask, used, pages=table,
-                                              kernel=bool(packed))
+                                              kernel=bool(packed), pallas=route)
 
             x = layer(x, attend)
         logits = model.logits_from_hidden(model.final_norm(x))[:, 0]
@@ -224,4 +237,5 @@ def copy_pages(pools: Pools, src, dst) -> Pools:
     """Page src[i] copied to page dst[i] in every layer (a forked sample's own copy of its
     prompt's partly filled last page)."""
     TRACES["copy_pages"] += 1
-    return {name: [pool.at[dst].set(pool[src]) for pool in pools[name]] for name in pools}
+    return {name: [pool.at[:, dst].set(pool[:, src]) for pool in pools[name]]
+            for name in pools}

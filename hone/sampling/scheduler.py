@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hone.errors import InputError
+from hone.kernels.pallas_paged import IMPLS as PALLAS_IMPLS
 from hone.sampling.engine import pack_weights, split_for_sampling
 from hone.sampling.buckets import bucket, chunk_bucket, row_bucket
 from hone.sampling.pages import TRASH, PageAllocator, pages_for
@@ -52,7 +53,17 @@ from hone.sampling.paged import (choose_first, copy_pages, decode_steps, init_po
 from hone.sampling.requests import Request, Sample, Turn, TurnCallback
 from hone.sampling.strategies import SamplingMode
 
-__all__ = ["PagedEngine", "Request", "Sample", "Turn"]
+__all__ = ["PagedEngine", "Request", "Sample", "Turn", "paged_route"]
+
+
+def paged_route(cache_dtype) -> str | None:
+    """The decode step's attention over pages on this backend: the Pallas kernel of a GPU, or
+    of a TPU when the pools are bfloat16 (that kernel reads keys and values as bfloat16), None
+    elsewhere (hone's CPU kernel reading the pages, or XLA's loop over them)."""
+    backend = jax.default_backend()
+    if backend == "gpu" or (backend == "tpu" and jnp.dtype(cache_dtype) == jnp.bfloat16):
+        return backend
+    return None
 
 
 @dataclass
@@ -102,7 +113,10 @@ class PagedEngine:
 
     def __init__(self, model, *, max_seqs: int = 8, page_size: int = 64,
                  num_pages: int | None = None, max_len: int | None = None, cache_dtype=None,
-                 prefill_chunk: int = 1024, sync_steps: int = 8):
+                 prefill_chunk: int = 1024, sync_steps: int = 8, attention: str | None = None):
+        """attention: how a decode step reads the pages (hone/kernels/pallas_paged.py routes;
+        None: the Pallas kernel of this backend on a GPU or TPU, else hone's CPU kernel or
+        XLA's loop over pages; `paged_route` says which)."""
         cfg = model.config
         for name, value in (("max_seqs", max_seqs), ("page_size", page_size),
                             ("prefill_chunk", prefill_chunk), ("sync_steps", sync_steps)):
@@ -116,6 +130,10 @@ class PagedEngine:
         self.table_width = pages_for(self.max_len, page_size)  # decode's page-table columns
         self.kv_bytes = pool_bytes(model, self.num_pages, page_size, self.cache_dtype)
         self.pools = None
+        self.attention = paged_route(self.cache_dtype) if attention is None else attention
+        if self.attention not in (None, *PALLAS_IMPLS):
+            raise InputError(f"unknown attention route {attention!r}; allowed: "
+                             f"{', '.join(PALLAS_IMPLS)} or None", key="attention")
 
     # ---- the loop ----------------------------------------------------------------------------
     def run(self, requests: list[Request], *, temperature: float = 1.0, top_k: int | None = None,
@@ -428,7 +446,7 @@ class PagedEngine:
         self.pools, state, out = decode_steps(
             self.graphdef, self.params, self.packed, self.pools, jnp.asarray(table), state,
             self.eos, self.temperature, self.top_p, mode=self.mode, page_size=ps,
-            steps=self.sync_steps)
+            steps=self.sync_steps, pallas=self.attention)
         out = jax.device_get(out)
         self.stats["decode_calls"] += 1
         self.stats["decode_rows"] += rows

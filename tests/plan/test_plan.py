@@ -13,7 +13,7 @@ import pytest
 from hone.models.config import PRESETS
 from hone.plan import PlanInput, make_plan, suggestions
 from hone.plan.budget import HEADROOM
-from hone.plan.rollout_memory import cache_bytes
+from hone.plan.rollout_memory import cache_bytes, pool_pages, rollout_lines
 from hone.plan.weights import frozen_bytes, lora_params, weight_lines
 
 TINY = PRESETS["tiny"]  # V 264, D 64, F 128, L 2, N 4, K 2, H 16, tied
@@ -64,6 +64,12 @@ def test_kv_cache_by_hand():
     # 2 (k, v) x 8 rows per device x 2 layers x 96 slots x 2 kv heads x 16 x 4 bytes
     assert cache_bytes(p) == 2 * 8 * 2 * 96 * 2 * 16 * 4
     assert cache_bytes(p.with_(cache_dtype="bfloat16")) == cache_bytes(p) / 2
+    # The paged engine's pool: 1 trash page + 4 sequences x ceil(96 / 64) pages, on one device
+    paged = p.with_(engine="paged", max_seqs=4)
+    assert pool_pages(paged) == 1 + 4 * 2
+    assert cache_bytes(paged) == 2 * 2 * 9 * 64 * 2 * 16 * 4
+    assert pool_pages(p.with_(engine="paged")) == 1 + 16 * 2  # max_seqs: every row, at most 64
+    assert "9 pages of 64 slots" in next(iter(rollout_lines(paged)))
 
 
 def test_save_attention_keeps_the_blockwise_output_and_statistics_by_hand():

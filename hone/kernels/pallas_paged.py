@@ -8,7 +8,7 @@ layers whose decode mask is a prefix: full attention, soft-capped or not. A slid
 takes the XLA path (`Attention.attend_step`'s blockwise loop over pages). Neither kernel takes a
 scale: the queries are scaled first, which is the same product. The TPU kernel reads keys and
 values as bfloat16 whatever the pools hold, so the engine takes it only for bfloat16 pools
-(`hone.sampling.scheduler.paged_route`); float32 pools on a TPU take the XLA path, which keeps
+(`hone.sampling.paged.paged_route`); float32 pools on a TPU take the XLA path, which keeps
 their log-probabilities exact.
 
 `impl` names the route: "gpu" and "tpu" compile the kernel for that backend; "gpu-interpret"

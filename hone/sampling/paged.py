@@ -51,6 +51,16 @@ TRACES: collections.Counter = collections.Counter()  # compiles per program; tes
 Pools = dict[str, list[jax.Array]]
 
 
+def paged_route(cache_dtype) -> str | None:
+    """The decode step's attention over pages on this backend: the Pallas kernel of a GPU, or
+    of a TPU when the pools are bfloat16 (that kernel reads keys and values as bfloat16), None
+    elsewhere (hone's CPU kernel reading the pages, or XLA's loop over them)."""
+    backend = jax.default_backend()
+    if backend == "gpu" or (backend == "tpu" and jnp.dtype(cache_dtype) == jnp.bfloat16):
+        return backend
+    return None
+
+
 def init_pools(model, num_pages: int, page_size: int, dtype) -> Pools:
     """Zeroed pools on the weights' devices: replicated over their mesh when the weights are
     sharded (an RL policy on a mesh), so the engine's programs see one device set."""

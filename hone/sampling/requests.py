@@ -10,6 +10,9 @@ episode whose callback always answers None.
 Everything that decides a sample's tokens travels with its request: the prompt, the key (sample
 j draws its t-th token after the prompt with fold_in(fold_in(key, j), t), t counting appended
 tokens too) and the policy version it is to be sampled with (asynchronous RL records it).
+
+`SeqState` and `PrefillJob` are the engine's own bookkeeping of a sample on its way and of the
+tokens queued for its pages.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import jax
+import numpy as np
 
 
 @dataclass
@@ -71,3 +75,46 @@ class Turn:
 
 
 TurnCallback = Callable[[Turn], "list[int] | None"]
+
+
+@dataclass
+class SeqState:
+    """The engine's state of a sample on its way: where it is in its request, its pages and
+    what it has."""
+
+    request: int
+    sample: int
+    key: jax.Array
+    limit: int
+    out: Sample
+    pages: list[int] = field(default_factory=list)
+    running: bool = False
+    order: int = 0  # admission order: the most recent is preempted first
+    last: int = 0  # the sampled token not yet in the cache
+    length: int = 0  # cache slots written (`last` goes to slot `length`)
+    key_data: np.ndarray | None = None  # `key` as raw key data, for the decode batch
+    turn_tokens: int = 0  # a model turn's budget
+    turn_start: int = 0  # index in out.tokens of the running turn's first token
+    turn_end: int = 0  # the index at which the running turn stops
+
+
+@dataclass
+class PrefillJob:
+    """The engine's queued work: tokens to put into pages before samples go on from them. kind "prompt": a request's
+    prompt (its samples then draw their first token from the last logits); "resume": a
+    preempted sequence's prompt and tokens but the last (which it then feeds as its pending
+    token); "turn": an episode's last sampled token and the tokens appended after its turn,
+    written after its cache (`offset` slots, in its own pages), its next turn's first token
+    drawn from the last logits."""
+
+    tokens: list[int]
+    samples: list[SeqState]
+    kind: str = "prompt"
+    pages: list[int] = field(default_factory=list)
+    offset: int = 0  # the slot of tokens[0]
+    done: int = 0  # tokens already in pages
+    logits: jax.Array | None = None  # [V] after the last chunk
+
+    @property
+    def end(self) -> int:
+        return self.offset + len(self.tokens)

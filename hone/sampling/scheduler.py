@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import collections
 import time
-from dataclasses import dataclass, field
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -48,64 +48,12 @@ from hone.kernels.pallas_paged import IMPLS as PALLAS_IMPLS
 from hone.sampling.engine import pack_weights, split_for_sampling
 from hone.sampling.buckets import bucket, chunk_bucket, row_bucket
 from hone.sampling.pages import TRASH, PageAllocator, pages_for
-from hone.sampling.paged import (choose_first, copy_pages, decode_steps, init_pools, pool_bytes,
-                                 prefill_chunk)
-from hone.sampling.requests import Request, Sample, Turn, TurnCallback
+from hone.sampling.paged import (choose_first, copy_pages, decode_steps, init_pools, paged_route,
+                                 pool_bytes, prefill_chunk)
+from hone.sampling.requests import PrefillJob, Request, Sample, SeqState, Turn, TurnCallback
 from hone.sampling.strategies import SamplingMode
 
-__all__ = ["PagedEngine", "Request", "Sample", "Turn", "paged_route"]
-
-
-def paged_route(cache_dtype) -> str | None:
-    """The decode step's attention over pages on this backend: the Pallas kernel of a GPU, or
-    of a TPU when the pools are bfloat16 (that kernel reads keys and values as bfloat16), None
-    elsewhere (hone's CPU kernel reading the pages, or XLA's loop over them)."""
-    backend = jax.default_backend()
-    if backend == "gpu" or (backend == "tpu" and jnp.dtype(cache_dtype) == jnp.bfloat16):
-        return backend
-    return None
-
-
-@dataclass
-class _Seq:
-    """A sample on its way: where it is in its request, its pages and what it has."""
-
-    request: int
-    sample: int
-    key: jax.Array
-    limit: int
-    out: Sample
-    pages: list[int] = field(default_factory=list)
-    running: bool = False
-    order: int = 0  # admission order: the most recent is preempted first
-    last: int = 0  # the sampled token not yet in the cache
-    length: int = 0  # cache slots written (`last` goes to slot `length`)
-    key_data: np.ndarray | None = None  # `key` as raw key data, for the decode batch
-    turn_tokens: int = 0  # a model turn's budget
-    turn_start: int = 0  # index in out.tokens of the running turn's first token
-    turn_end: int = 0  # the index at which the running turn stops
-
-
-@dataclass
-class _Prefill:
-    """Tokens to put into pages before samples go on from them. kind "prompt": a request's
-    prompt (its samples then draw their first token from the last logits); "resume": a
-    preempted sequence's prompt and tokens but the last (which it then feeds as its pending
-    token); "turn": an episode's last sampled token and the tokens appended after its turn,
-    written after its cache (`offset` slots, in its own pages), its next turn's first token
-    drawn from the last logits."""
-
-    tokens: list[int]
-    samples: list[_Seq]
-    kind: str = "prompt"
-    pages: list[int] = field(default_factory=list)
-    offset: int = 0  # the slot of tokens[0]
-    done: int = 0  # tokens already in pages
-    logits: jax.Array | None = None  # [V] after the last chunk
-
-    @property
-    def end(self) -> int:
-        return self.offset + len(self.tokens)
+__all__ = ["PagedEngine", "Request", "Sample", "Turn"]
 
 
 class PagedEngine:
@@ -156,20 +104,20 @@ class PagedEngine:
             self.pools = init_pools(model, self.num_pages, self.page_size, self.cache_dtype)
         self.alloc = PageAllocator(self.num_pages)
         self.stats = collections.Counter()
-        self.running: list[_Seq] = []  # in admission order
+        self.running: list[SeqState] = []  # in admission order
         self.admitted = 0
         results = [[None] * r.n for r in requests]
-        self.queue: collections.deque[_Prefill] = collections.deque()
+        self.queue: collections.deque[PrefillJob] = collections.deque()
         for i, r in enumerate(requests):
             self._check(r, i)
             limits = r.sample_limits or (r.max_new_tokens,) * r.n
-            seqs = [_Seq(i, j, jax.random.fold_in(r.key, j), limits[j],
+            seqs = [SeqState(i, j, jax.random.fold_in(r.key, j), limits[j],
                          Sample(policy_version=r.policy_version),
                          turn_tokens=r.turn_tokens or r.max_new_tokens) for j in range(r.n)]
-            self.queue.append(_Prefill(list(r.prompt), seqs))
-        self.ready: collections.deque[_Prefill] = collections.deque()
+            self.queue.append(PrefillJob(list(r.prompt), seqs))
+        self.ready: collections.deque[PrefillJob] = collections.deque()
         while self.queue or self.ready or self.running:
-            self.finished: list[_Seq] = []
+            self.finished: list[SeqState] = []
             moved = self._fork()
             while self.queue and self._unclaimed() > 0:
                 if not self._prefill():  # waits for pages the running sequences free
@@ -210,7 +158,7 @@ class PagedEngine:
                              key="num_pages")
 
     # ---- pages -------------------------------------------------------------------------------
-    def _allocate(self, n: int, keep: _Seq | None = None, keep_groups=(),
+    def _allocate(self, n: int, keep: SeqState | None = None, keep_groups=(),
                   admit: bool = False) -> list[int] | None:
         """n pages, preempting until they fit: running sequences (newest first, never `keep`),
         then episodes waiting between turns (the last queued first, never one of
@@ -233,7 +181,7 @@ class PagedEngine:
             else:
                 return None
 
-    def _unpage(self, group: _Prefill) -> None:
+    def _unpage(self, group: PrefillJob) -> None:
         """Free the pages of an episode waiting between turns: its prefill becomes its prompt
         and every token it has (recomputed, counted as a preemption)."""
         seq = group.samples[0]
@@ -243,7 +191,7 @@ class PagedEngine:
         group.tokens = self.prompts[seq.request] + seq.out.tokens
         group.pages, group.offset, group.done = [], 0, 0
 
-    def _preempt(self, seq: _Seq) -> None:
+    def _preempt(self, seq: SeqState) -> None:
         """Stop seq and free its pages; it waits at the head of the queue to be recomputed."""
         self.stats["preempted"] += 1
         seq.out.preempted += 1
@@ -251,7 +199,7 @@ class PagedEngine:
         seq.pages = []
         self._stop(seq)
         prompt = self.prompts[seq.request]
-        self.queue.appendleft(_Prefill(prompt + seq.out.tokens[:-1], [seq], kind="resume"))
+        self.queue.appendleft(PrefillJob(prompt + seq.out.tokens[:-1], [seq], kind="resume"))
 
     # ---- 1. fork -----------------------------------------------------------------------------
     def _fork(self) -> bool:
@@ -305,7 +253,7 @@ class PagedEngine:
                 self.ready.popleft()
         return moved
 
-    def _start(self, seq: _Seq, token: int, length: int) -> None:
+    def _start(self, seq: SeqState, token: int, length: int) -> None:
         seq.last, seq.length = token, length
         if token in self.eos_set or len(seq.out.tokens) >= seq.turn_end:
             self._end_turn(seq, "eos" if token in self.eos_set else "length")
@@ -317,12 +265,12 @@ class PagedEngine:
         seq.running = True
         self.running.append(seq)
 
-    def _stop(self, seq: _Seq) -> None:
+    def _stop(self, seq: SeqState) -> None:
         if seq.running:
             seq.running = False
             self.running.remove(seq)
 
-    def _end_turn(self, seq: _Seq, reason: str) -> None:
+    def _end_turn(self, seq: SeqState, reason: str) -> None:
         """A model turn ended: the sample is finished, or (an episode whose callback answers
         with tokens that fit) it waits at the head of the queue for them to be written after
         its cache, keeping its pages."""
@@ -344,10 +292,10 @@ class PagedEngine:
         out.model_mask += [0] * len(more)
         self._stop(seq)
         pages, seq.pages = seq.pages, []  # the queued prefill holds them until it forks
-        self.queue.appendleft(_Prefill([seq.last] + more, [seq], kind="turn", pages=pages,
+        self.queue.appendleft(PrefillJob([seq.last] + more, [seq], kind="turn", pages=pages,
                                        offset=seq.length))
 
-    def _finish(self, seq: _Seq, reason: str) -> None:
+    def _finish(self, seq: SeqState, reason: str) -> None:
         seq.out.finish_reason = reason
         self.alloc.release(seq.pages)
         seq.pages = []

@@ -150,19 +150,22 @@ def attention() -> dict:
 
 
 def paged_attention(kernel_report: dict) -> str:
-    """How the rollout engine's decode step attends over its page pool here
-    (hone/models/attention.py `attend_step` with pages)."""
-    import jax
-    backend = jax.default_backend()
-    if backend == "gpu":
-        return ("Pallas paged attention (jax.experimental.pallas.ops.gpu), reading each row's "
-                "pages itself; sliding-window layers: XLA, one page per block")
-    if backend == "tpu":
-        return ("bfloat16 pools: Pallas paged attention (jax.experimental.pallas.ops.tpu); "
-                "float32 pools and sliding-window layers: XLA, one page per block")
-    if kernel_report["cpu_decode_kernels"]:
-        return "hone's CPU decode kernel, reading each row's pages itself"
-    return "XLA gathers, one page per block of a running softmax"
+    """How the rollout engine's decode step attends over its page pool here, for float32 and
+    bfloat16 pools (`hone.sampling.paged.paged_route` decides)."""
+    from hone.sampling.paged import paged_route
+
+    def path(route: str | None) -> str:
+        if route is not None:
+            return f"Pallas paged attention (jax.experimental.pallas.ops.{route})"
+        if kernel_report["cpu_decode_kernels"]:
+            return "hone's CPU decode kernel, reading each row's pages itself"
+        return "XLA gathers, one page per block of a running softmax"
+
+    f32, bf16 = paged_route("float32"), paged_route("bfloat16")
+    text = path(f32) if f32 == bf16 else f"float32 pools: {path(f32)}; bfloat16 pools: {path(bf16)}"
+    if f32 or bf16:
+        text += "; sliding-window layers: XLA, one page per block"
+    return text
 
 
 def collect(lock: str | os.PathLike | None = DEFAULT_LOCK) -> dict:

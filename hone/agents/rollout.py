@@ -31,9 +31,9 @@ thread for that, else there is no limit) and treated the same; each is counted i
 Randomness: the sampler's keys come from `seed`: token t after the opening of copy j of example
 i is drawn with fold_in(fold_in(fold_in(key(seed), i), j), t) (t counting the environment's
 tokens too; when the G openings differ, each episode is a request of its own and its sample 0
-draws with fold_in(fold_in(fold_in(fold_in(key(seed), i), j), 0), t)), and each environment is seeded with `episode_seed(seed, example, copy)` before its
-reset: the episodes are a function of the weights, the examples and the seed only, not of how
-many run at once (exact resume).
+draws with fold_in(fold_in(fold_in(fold_in(key(seed), i), j), 0), t)), and each environment is
+seeded with `episode_seed(seed, example, copy)` before its reset: the episodes are a function of
+the weights, the examples and the seed only, not of how many run at once (exact resume).
 """
 
 from __future__ import annotations

@@ -200,9 +200,10 @@ void Run(ffi::ThreadPool& pool, const Shape& d, const float* q, const void* k, c
 }
 
 // The same over a page pool [K, P, page, H] (hone/sampling/paged.py; the layout of the Pallas
-// paged-attention kernels): row b's slot s is in page table[b, s / page] at offset s % page. Each task first copies its first U slots' keys and
-// values, page by page, into buffers of its own (they stay in the core's cache for the two
-// passes over them), then runs exactly the contiguous computation on them.
+// paged-attention kernels): row b's slot s is in page table[b, s / page] at offset s % page.
+// Each task first copies its first U slots' keys and values, page by page, into buffers of its
+// own (they stay in the core's cache for the two passes over them), then runs exactly the
+// contiguous computation on them.
 template <typename T>
 void RunPaged(ffi::ThreadPool& pool, const Shape& d, int64_t pool_pages, int64_t pages,
               int64_t page, const float* q, const void* k, const void* v, const int32_t* table,
@@ -307,8 +308,8 @@ ffi::Error PagedDecodeAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::DataType:
   for (int64_t i = 0; i < d.B * pages; ++i)
     if (tab[i] < 0 || tab[i] >= kd[1]) return Invalid("a page index is outside the pool");
   if (k.element_type() == ffi::DataType::F32) {
-    RunPaged<float>(pool, d, kd[1], pages, page, q.typed_data(), k.untyped_data(), v.untyped_data(),
-                    tab, mask.typed_data(), out->typed_data());
+    RunPaged<float>(pool, d, kd[1], pages, page, q.typed_data(), k.untyped_data(),
+                    v.untyped_data(), tab, mask.typed_data(), out->typed_data());
   } else if (k.element_type() == ffi::DataType::BF16) {
     RunPaged<uint16_t>(pool, d, kd[1], pages, page, q.typed_data(), k.untyped_data(),
                        v.untyped_data(), tab, mask.typed_data(), out->typed_data());

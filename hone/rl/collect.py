@@ -13,16 +13,14 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from flax import nnx
 
 from hone.grading import is_correct
 from hone.rl.prompts import PromptData
-from hone.rl.rollout import (Samples, completion_stats, pack_rows, pack_tree_rows, sample,
-                             step_seed, tree_width)
-from hone.train.state import unflatten
+from hone.rl.rollout import (PolicyView, Samples, completion_stats, pack_rows, pack_tree_rows,
+                             sample, step_seed, tree_width)
 
 
-class Rollouts:
+class Rollouts(PolicyView):
     """Host side of a rollout: policy weights -> scored, laid-out training rows."""
 
     def __init__(self, cfg, section, graphdef, template, frozen, tokenizer, prompts, data_iter,
@@ -35,10 +33,6 @@ class Rollouts:
 
     def describe(self) -> str:
         return "one per prompt, its samples sharing it" if self.tree else "one per sample"
-
-    def policy(self, params):
-        """The policy module over the given weights (shared buffers, no copy)."""
-        return nnx.merge(self.graphdef, unflatten(self.template, params), self.frozen)
 
     def draw(self, model, indices, step: int, round_: int = 0) -> tuple[Samples, object]:
         """G samples of each prompt of `indices` and their rewards (the run's seed, step and

@@ -13,13 +13,11 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from flax import nnx
 
 from hone.agents.episode_rows import episode_rows, turn_arrays
 from hone.agents.rollout import Episode, episode_metrics, rollout
 from hone.grading import is_correct
-from hone.rl.rollout import step_seed
-from hone.train.state import unflatten
+from hone.rl.rollout import PolicyView, step_seed
 
 
 def final_reply(ep: Episode) -> str:
@@ -35,7 +33,7 @@ def zero_std_fraction(total: np.ndarray, group_size: int) -> float:
     return float(np.mean(np.all(groups == groups[:, :1], axis=1)))
 
 
-class AgentRollouts:
+class AgentRollouts(PolicyView):
     """Episodes with the policy's current weights, scored and laid out as rows."""
 
     def __init__(self, cfg, section, graphdef, template, frozen, tokenizer, prompts, factory,
@@ -47,10 +45,6 @@ class AgentRollouts:
 
     def describe(self) -> str:
         return f"one per episode (episodes of up to {self.a.max_turns} turns)"
-
-    def policy(self, params):
-        """The policy module over the given weights (shared buffers, no copy)."""
-        return nnx.merge(self.graphdef, unflatten(self.template, params), self.frozen)
 
     def play(self, model, records: list[dict], group_size: int, seed: int,
              temperature: float | None = None) -> list[Episode]:

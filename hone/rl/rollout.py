@@ -37,15 +37,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from flax import nnx
 
 from hone.data.shared_prefix import branch_rows
 from hone.models.layers import positions_from_mask
 from hone.sampling.generate import Completion, generate
+from hone.train.state import unflatten
 
 
 def step_seed(seed: int, step: int, round_: int = 0) -> int:
     """The sampler seed of one generation round of one step (deterministic, so resumable)."""
     return (seed * 1_000_003 + step * 101 + round_) % (2**31 - 1)
+
+
+class PolicyView:
+    """What both kinds of rollouts (hone/rl/rollouts.py) share: the policy module over given
+    weights, from the graph, the trainable template and the frozen rest they were made with."""
+
+    graphdef: object
+    template: object
+    frozen: object
+
+    def policy(self, params):
+        """The policy module over the given weights (shared buffers, no copy)."""
+        return nnx.merge(self.graphdef, unflatten(self.template, params), self.frozen)
 
 
 @dataclass

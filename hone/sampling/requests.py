@@ -100,12 +100,12 @@ class SeqState:
 
 @dataclass
 class PrefillJob:
-    """The engine's queued work: tokens to put into pages before samples go on from them. kind "prompt": a request's
-    prompt (its samples then draw their first token from the last logits); "resume": a
-    preempted sequence's prompt and tokens but the last (which it then feeds as its pending
-    token); "turn": an episode's last sampled token and the tokens appended after its turn,
-    written after its cache (`offset` slots, in its own pages), its next turn's first token
-    drawn from the last logits."""
+    """The engine's queued work: tokens to put into pages before samples go on from them.
+    kind "prompt": a request's prompt (its samples then draw their first token from the last
+    logits); "resume": a preempted sequence's prompt and tokens but the last (which it then
+    feeds as its pending token); "turn": an episode's last sampled token and the tokens
+    appended after its turn, written after its cache (`offset` slots, in its own pages), its
+    next turn's first token drawn from the last logits."""
 
     tokens: list[int]
     samples: list[SeqState]

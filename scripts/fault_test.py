@@ -8,6 +8,9 @@ environment, seeded from the run seed, the step and the episode). `moe`, `moe_dp
 `moe_grpo` are SFT, DPO and GRPO of the mixture-of-experts `tiny-moe` (configs/tiny/moe_sft.yaml,
 moe_dpo.yaml, moe_grpo.yaml): the router losses and routed experts must resume as exactly as a
 dense model (not in the default --algos; run them with --algos moe,moe_dpo,moe_grpo).
+`grpo_async` is GRPO with grpo.max_staleness=1: each rollout is sampled a policy version behind
+on a thread of its own while the update runs, so kills land with a rollout in flight, which the
+resumed run samples again (not in the default --algos either).
 
 Each algorithm first runs once straight through (timed). A trial then starts the same run in a
 fresh folder and kills it one to three times before letting it finish. A kill lands inside a
@@ -52,6 +55,10 @@ RUNS = {
             "train.eval_every=10"],
     "grpo": ["train.max_steps=12", "checkpoint.every_steps=3", "train.batch_size=8",
              "grpo.eval_prompts=4", "train.eval_every=6"],
+    # GRPO with each rollout a policy version behind, overlapped with the update
+    # (hone.train.lagged): a kill often lands with a rollout in flight.
+    "grpo_async": ["train.max_steps=12", "checkpoint.every_steps=3", "train.batch_size=8",
+                   "grpo.eval_prompts=4", "train.eval_every=6", "grpo.max_staleness=1"],
     "agent": ["train.max_steps=4", "checkpoint.every_steps=2", "train.batch_size=8",
               "grpo.eval_prompts=4", "train.eval_every=4"],
     "moe": ["train.max_steps=30", "checkpoint.every_steps=5", "train.batch_size=4",
@@ -62,7 +69,7 @@ RUNS = {
                  "grpo.eval_prompts=4", "train.eval_every=6"],
 }
 # algo -> (command, tiny config)
-COMMANDS = {"agent": ("grpo", "agent_grpo"), "moe": ("sft", "moe_sft"),
+COMMANDS = {"grpo_async": ("grpo", "grpo"), "agent": ("grpo", "agent_grpo"), "moe": ("sft", "moe_sft"),
             "moe_dpo": ("dpo", "moe_dpo"), "moe_grpo": ("grpo", "moe_grpo")}
 _TMP = ".orbax-checkpoint-tmp"
 # The first kill of trial i is MODES[i % 3]; later ones draw from the last two.

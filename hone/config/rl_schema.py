@@ -53,6 +53,14 @@ class RolloutKeys:
     max_seqs: int | None = field(default=None, metadata={"min": 1})
     # Held-out prompts answered greedily at each evaluation (accuracy, mean reward).
     eval_prompts: int = field(default=64, metadata={"min": 1})
+    # Asynchronous RL (docs/guides/async.md): the rollout of step t is sampled with the policy
+    # of step t - max_staleness exactly, while the update of step t - 1 runs; 0 = the rollout
+    # waits for the update (synchronous). The lag is fixed, so a run is reproducible and resumes
+    # bit for bit with its rollout in flight.
+    max_staleness: int = field(default=0, metadata={"min": 0})
+    # Seconds a step waits for its rollout before the run stops with an error naming the step
+    # (a hung reward function, environment or sampler); None = no limit.
+    rollout_timeout_s: float | None = field(default=3600.0, metadata={"gt": 0.0})
 
 
 @dataclass(frozen=True)
@@ -165,6 +173,12 @@ class GRPOSection(RolloutKeys):
     # Truncated importance sampling: weight tokens by min(pi_trainer / pi_sampler, cap);
     # None = off.
     tis_cap: float | None = field(default=None, metadata={"gt": 0.0})
+    # IcePop-style token masking: tokens whose ratio pi_trainer / pi_sampler lies outside
+    # [low, high] get no gradient, e.g. [0.5, 2.0]; [] = off.
+    icepop_band: tuple[float, ...] = field(default=(), metadata={"gt": 0.0})
+    # Sequence masking: every token of a sample whose geometric-mean ratio pi_trainer /
+    # pi_sampler lies outside [low, high] gets no gradient, e.g. [0.9, 1.1]; [] = off.
+    seq_mask_band: tuple[float, ...] = field(default=(), metadata={"gt": 0.0})
     # Score each prompt once for its group: one row [prompt | sample 1 | ... | sample G] in
     # which the samples cannot see each other (the same log-probabilities as a row per sample,
     # to float rounding, for fewer FLOPs). Used unless the groups do not split evenly over the
@@ -282,9 +296,16 @@ class GRPOConfig(RLConfig):
                      "aggregates by token-mean or seq-mean-token-mean"),
                     ("ratio", g.ratio != "token", "weights each token by its own ratio"),
                     ("beta", g.beta > 0, "has no KL term; set grpo.beta = 0"),
-                    ("tis_cap", g.tis_cap is not None, "has no importance-sampling correction")):
+                    ("tis_cap", g.tis_cap is not None, "has no importance-sampling correction"),
+                    ("icepop_band", bool(g.icepop_band), "has no token masking"),
+                    ("seq_mask_band", bool(g.seq_mask_band), "has no sequence masking")):
                 if bad:
                     raise InputError(f"grpo.loss_type = cispo {why}", key=f"grpo.{key}")
+        for key in ("icepop_band", "seq_mask_band"):
+            band = getattr(g, key)
+            if band and not (len(band) == 2 and band[0] < 1.0 < band[1]):
+                raise InputError(f"grpo.{key} is [low, high] with low < 1 < high, got "
+                                 f"{list(band)}", key=f"grpo.{key}")
         if g.reference_devices and g.beta == 0:
             raise InputError("grpo.beta = 0 runs no reference model, so there is none to put "
                              "on devices of its own", key="grpo.reference_devices")

@@ -225,6 +225,51 @@ def policy_loss(logp: jax.Array, old_logp: jax.Array, adv: jax.Array, mask: jax.
     return loss, metrics
 
 
+def offpolicy_weights(old_logp: jax.Array, sampler_logp: jax.Array, mask: jax.Array, *,
+                      tis_cap: float | None = None, token_band: tuple = (),
+                      seq_band: tuple = ()) -> tuple[jax.Array | None, dict]:
+    """Per-token weights that correct for a sampler other than the trainer (a policy some
+    versions behind, or other numerics), and the metrics that measure the gap.
+
+    old_logp, sampler_logp, mask [B, T]; r = exp(old_logp - sampler_logp) per token, the
+    trainer's probability of the sampled token over the sampler's. The weight is the product of
+      - tis_cap: min(r, cap) (truncated importance sampling);
+      - token_band (low, high): 0 for a token whose r lies outside [low, high] (IcePop);
+      - seq_band (low, high): 0 for every token of a sequence whose geometric-mean ratio
+        exp(mean_t log r) over its masked tokens lies outside [low, high];
+    None when no correction is asked for (then the loss weighs every token 1).
+    Metrics (sums; tokens and sequences are counted by the loss and here): offpolicy_k3_sum
+    (Σ r - 1 - log r over real tokens: the k3 estimate of KL(sampler || trainer)),
+    tis_clipped_sum (tokens with r > cap), token_masked_sum (tokens outside the band, or in a
+    masked sequence), seq_masked_sum and seqs (sequences masked, sequences with a token)."""
+    keep = mask > 0
+    log_r = jnp.where(keep, old_logp - sampler_logp, 0.0)  # [B, T]
+    r = jnp.exp(log_r)
+    weights = jnp.ones_like(log_r)
+    tis_clipped = jnp.zeros_like(keep)
+    token_out = jnp.zeros_like(keep)
+    has = jnp.any(keep, axis=-1)  # [B]
+    seq_out = jnp.zeros_like(has)
+    if tis_cap is not None:
+        weights = jnp.minimum(r, tis_cap)
+        tis_clipped = keep & (r > tis_cap)
+    if token_band:
+        low, high = token_band
+        token_out = keep & ((r < low) | (r > high))
+    if seq_band:
+        low, high = seq_band
+        count = jnp.maximum(jnp.sum(keep, axis=-1), 1)
+        geo = jnp.exp(jnp.sum(log_r, axis=-1) / count)  # [B]
+        seq_out = has & ((geo < low) | (geo > high))
+    masked = token_out | (seq_out[:, None] & keep)
+    weights = jnp.where(masked, 0.0, weights)
+    metrics = stopped_sums(log_r.dtype, offpolicy_k3_sum=jnp.where(keep, r - 1.0 - log_r, 0.0),
+                           tis_clipped_sum=tis_clipped, token_masked_sum=masked,
+                           seq_masked_sum=seq_out, seqs=has)
+    corrected = tis_cap is not None or bool(token_band) or bool(seq_band)
+    return (jax.lax.stop_gradient(weights) if corrected else None), metrics
+
+
 CISPO_AGGREGATIONS = ("token-mean", "seq-mean-token-mean")
 
 

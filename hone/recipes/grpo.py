@@ -40,6 +40,7 @@ from hone.rl.rollouts import make_rollouts, rollout_scorer
 from hone.rl.step import make_rl_step
 from hone.tokenizer import load_tokenizer
 from hone.train.build import build_model, make_layout, open_run
+from hone.train.lagged import lagged
 from hone.train.loop import LoopSpec, run_loop
 from hone.train.optimizer import rl_optimizer
 from hone.train.reference import reference_mode
@@ -111,7 +112,8 @@ def run_grpo(cfg: GRPOConfig, *, log=print):
 
     spec = LoopSpec(
         train_step=step, state=state, frozen=frozen, aux=aux, data=data_iter, eval_fn=evaluate,
-        prepare=prepare, place_batch=layout.place_batch, tokens_per_batch=work_tokens,
+        prepare=prepare, lag=lagged(grpo, prepare, data_iter),
+        place_batch=layout.place_batch, tokens_per_batch=work_tokens,
         flops_per_token=model.config.flops_per_token(grpo.max_prompt_tokens
                                                      + completion_width(cfg)),
         extra_metrics=policy_means, eval_at_start=True)

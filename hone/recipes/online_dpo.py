@@ -45,6 +45,7 @@ from hone.rl.reward_specs import make_rewards
 from hone.rl.rollout import pack_tree_rows, tree_width
 from hone.tokenizer import load_tokenizer
 from hone.train.build import build_model, compile_steps, make_layout, open_run
+from hone.train.lagged import lagged
 from hone.train.loop import LoopSpec, run_loop
 from hone.train.reference import reference_mode, reference_model
 from hone.train.scoring import branch_logprobs
@@ -185,7 +186,8 @@ def run_online_dpo(cfg: DPOConfig, *, log=print):
 
     spec = LoopSpec(
         train_step=step, state=state, frozen=frozen, aux=aux, data=data_iter, eval_fn=evaluate,
-        prepare=prepare, place_batch=layout.place_batch, tokens_per_batch=work_tokens,
+        prepare=prepare, lag=lagged(d, prepare, data_iter),
+        place_batch=layout.place_batch, tokens_per_batch=work_tokens,
         flops_per_token=model.config.flops_per_token(d.max_prompt_tokens + d.max_new_tokens),
         extra_metrics=means, eval_at_start=True)
     final = run_loop(spec, cfg, run_dir)

@@ -40,6 +40,7 @@ from hone.rl.rollouts import make_rollouts, rollout_scorer
 from hone.rl.step import make_rl_step
 from hone.tokenizer import load_tokenizer
 from hone.train.build import make_layout, open_run
+from hone.train.lagged import lagged
 from hone.train.loop import LoopSpec, run_loop
 from hone.train.optimizer import rl_optimizer
 from hone.train.reference import reference_mode
@@ -120,10 +121,14 @@ def run_ppo(cfg: PPOConfig, *, log=print):
             rows["ref_logp"] = reference(rows)
         return rows, metrics
 
+    # What a lagged rollout reads of its policy version: the EMA too when a remote reference
+    # follows it (hone.train.lagged).
+    lag_keys = ("params", "ema") if mode == "ema" and reference is not None else ("params",)
     spec = LoopSpec(
         train_step=step, state=state, frozen=frozen, aux=aux, data=data_iter,
         eval_fn=None if evaluate is None else (lambda params: evaluate(policy_part(params))),
-        prepare=prepare, place_batch=layout.place_batch, tokens_per_batch=work_tokens,
+        prepare=prepare, lag=lagged(ppo, prepare, data_iter, keys=lag_keys),
+        place_batch=layout.place_batch, tokens_per_batch=work_tokens,
         flops_per_token=model.config.flops_per_token(ppo.max_prompt_tokens
                                                      + completion_width(cfg)),
         extra_metrics=policy_means, eval_at_start=True)

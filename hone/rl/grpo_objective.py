@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from hone.config import GRPOConfig
-from hone.losses.rl import cispo_loss, policy_loss
+from hone.losses.rl import cispo_loss, offpolicy_weights, policy_loss
 from hone.rl.policy_metrics import diagnostics
 from hone.rl.rollout import completion_width, flat_samples
 from hone.rl.step import chunked
@@ -68,20 +68,22 @@ def make_grpo_loss(cfg: GRPOConfig):
         else:
             (logp, entropy), win = model_logp(model, mb, window, True), window
         old = mb["old_logp"] if "old_logp" in mb else jax.lax.stop_gradient(logp)
-        weights = None
-        if grpo.tis_cap is not None:
-            weights = jnp.minimum(jnp.exp(old - mb["sampler_logp"]), grpo.tis_cap)
-        if grpo.loss_type == "cispo":  # the config allows token ratios, no KL, no TIS
+        # Corrections for a sampler other than the trainer (policy lag, numerics) and the
+        # metrics of that gap: hone.losses.rl.offpolicy_weights.
+        weights, off = offpolicy_weights(old, mb["sampler_logp"], mb["loss_mask"],
+                                         tis_cap=grpo.tis_cap, token_band=grpo.icepop_band,
+                                         seq_band=grpo.seq_mask_band)
+        if grpo.loss_type == "cispo":  # the config allows token ratios, no KL, no corrections
             cap = {} if grpo.clip_eps_high is None else {"clip_eps_high": grpo.clip_eps_high}
             loss, metrics = cispo_loss(logp, old, mb["advantages"], mb["loss_mask"],
                                        agg=grpo.loss_agg, denominator=normalizer, **cap)
-            return loss, dict(metrics, **diagnostics(entropy, logp, mb, win))
+            return loss, dict(metrics, **off, **diagnostics(entropy, logp, mb, win))
         loss, metrics = policy_loss(
             logp, old, mb["advantages"], mb["loss_mask"], clip_eps=grpo.clip_eps,
             clip_eps_high=grpo.clip_eps_high, ref_logp=mb.get("ref_logp"), kl_beta=grpo.beta,
             kl_kind=grpo.kl_kind, agg=grpo.loss_agg, ratio=grpo.ratio,
             max_len=max_len, is_weights=weights, denominator=normalizer)
-        return loss, dict(metrics, **diagnostics(entropy, logp, mb, win))
+        return loss, dict(metrics, **off, **diagnostics(entropy, logp, mb, win))
 
     return loss_fn
 

@@ -37,6 +37,13 @@ def policy_means(row: dict) -> dict:
                       ("value_clip_fraction", "value_clipped_sum")):
         if key in row:
             out[name] = row[key] / tokens
+    for name, key in (("offpolicy_k3", "offpolicy_k3_sum"),
+                      ("tis_clip_fraction", "tis_clipped_sum"),
+                      ("token_masked_fraction", "token_masked_sum")):
+        if key in row:
+            out[name] = row[key] / tokens
+    if "seq_masked_sum" in row:
+        out["seq_masked_fraction"] = row["seq_masked_sum"] / max(float(row.get("seqs", 0)), 1.0)
     if "sampler_gap_sq_sum" in row:
         out["sampler_gap_rms"] = float(np.sqrt(row["sampler_gap_sq_sum"] / tokens))
     return out

@@ -82,6 +82,9 @@ class LoopSpec:
     place_batch: Callable[[dict], dict] = field(default=lambda batch: batch)
     # Evaluate the starting weights too (a step-0 row), when a run starts fresh.
     eval_at_start: bool = False
+    # RL with a fixed policy lag (hone.train.lagged): the rollouts through `prepare` run that
+    # many versions behind the updates, overlapped with them; None = synchronous.
+    lag: Any = None
 
 
 class _SignalFlag:
@@ -143,22 +146,28 @@ def run_loop(spec: LoopSpec, cfg, run_dir: Path) -> dict[str, Any]:
     train, ckpt_cfg, log = cfg.train, cfg.checkpoint, cfg.log
     ckpt = Checkpointer(run_dir / "checkpoints", keep=ckpt_cfg.keep,
                         async_save=ckpt_cfg.async_save, exclusive=True)  # refused if in use
-    relayout = Relayout.of(spec.state)
+    lag = spec.lag
+    # What a checkpoint holds: the train state, and with a policy lag the versions the next
+    # rollouts read (hone.train.lagged).
+    saved_like = spec.state if lag is None else lag.like(spec.state)
+    relayout = Relayout.of(saved_like)
     if relayout is not None:  # blocks stored stacked: checkpoints keep them per block
         ckpt = _PerBlock(ckpt, relayout)
-    state, start = spec.state, 0
+    state, start, versions = spec.state, 0, None
     # Shapes, dtypes and shardings to restore into; spec.state itself is donated to the step.
     like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                        spec.state)
+                        saved_like)
     # The newest checkpoint whose manifest verifies (older ones if it is damaged).
     try:
-        restored = ckpt.restore_latest(spec.state)
+        restored = ckpt.restore_latest(saved_like)
     except BaseException:  # none usable: release the folder's lock before stopping
         ckpt.close()
         raise
     latest = restored.step if restored is not None else None
     if restored is not None:
         state = restored.state
+        if lag is not None:
+            state, versions = lag.detach(state)
         spec.data.set_state(restored.data_state)
         start = latest
         _check_replicas(state, ckpt, latest)
@@ -168,6 +177,8 @@ def run_loop(spec: LoopSpec, cfg, run_dir: Path) -> dict[str, Any]:
             print(f"resumed from step {latest} of {ckpt.directory} "
                   f"(checkpoint sha256 {restored.checkpoint_hash}{agree})", file=sys.stderr)
     state = guards.configure(state, cfg.guard)  # the limits in force are the config's
+    if lag is not None:
+        lag.start(state, start, versions)
     sinks = []
     if jax.process_index() == 0:  # one process writes the logs; every process checkpoints
         try:
@@ -190,11 +201,16 @@ def run_loop(spec: LoopSpec, cfg, run_dir: Path) -> dict[str, Any]:
             step = start
             while step < train.max_steps:
                 profiler.before(step + 1, state)
-                batch = spec.data.next()
+                t_step = time.perf_counter()
                 host: dict[str, Any] = {}
-                if spec.prepare is not None:
-                    batch, host = spec.prepare(state, batch, step)
-                    t_update = time.perf_counter()
+                if lag is not None:  # this step's rows, then the next rollout starts
+                    batch, host = lag.rows(state, step)
+                    lag.launch(state, step, train.max_steps)
+                else:
+                    batch = spec.data.next()
+                    if spec.prepare is not None:
+                        batch, host = spec.prepare(state, batch, step)
+                t_update = time.perf_counter()
                 out = _train_step(spec, state, spec.place_batch(batch), step + 1, sinks)
                 if out is None:  # out of memory after the donated state was consumed
                     state, step = _restore_after_oom(ckpt, like, spec, cfg, step + 1)
@@ -204,6 +220,7 @@ def run_loop(spec: LoopSpec, cfg, run_dir: Path) -> dict[str, Any]:
                 if spec.prepare is not None:
                     jax.block_until_ready(state)
                     host["update_s"] = time.perf_counter() - t_update
+                    host["step_s"] = time.perf_counter() - t_step
                 step += 1
                 window_tokens += spec.tokens_per_batch(batch)
                 row: dict[str, Any] = profiler.after(step, state)  # {} unless a trace ended
@@ -220,6 +237,8 @@ def run_loop(spec: LoopSpec, cfg, run_dir: Path) -> dict[str, Any]:
                     (train.eval_every and step % train.eval_every == 0)
                     or step == train.max_steps)
                 if evaluate:
+                    if lag is not None:  # greedy evaluation does not overlap a rollout
+                        lag.quiesce()
                     row.update(spec.eval_fn(state["params"]))
                     window_t0 = time.perf_counter()  # evaluation time is not training time
                 if row:
@@ -237,16 +256,18 @@ def run_loop(spec: LoopSpec, cfg, run_dir: Path) -> dict[str, Any]:
                     last_saved = step
                     continue
                 if save_due:
-                    ckpt.save(step, state, spec.data.get_state())
+                    _save(ckpt, step, state, spec)
                     last_saved = step
                 if flag.raised is not None and step < train.max_steps:
                     if last_saved != step:
-                        ckpt.save(step, state, spec.data.get_state())
+                        _save(ckpt, step, state, spec)
                     ckpt.wait()
+                    if lag is not None:
+                        lag.drop()
                     raise Interrupted(f"stopped by signal {flag.raised} after step {step}; "
                                       f"checkpoint saved, run the same command to resume")
             if last_saved != step:
-                ckpt.save(step, state, spec.data.get_state())
+                _save(ckpt, step, state, spec)
     finally:
         profiler.close()
         ckpt.close()
@@ -255,16 +276,40 @@ def run_loop(spec: LoopSpec, cfg, run_dir: Path) -> dict[str, Any]:
     return state if relayout is None else relayout.to_saved(state)
 
 
+def _save(ckpt, step: int, state, spec: LoopSpec) -> None:
+    """A checkpoint of `step`: the state and data position, with a policy lag also the
+    versions the next rollouts read and the position before the rollout in flight."""
+    if spec.lag is None:
+        ckpt.save(step, state, spec.data.get_state())
+    else:
+        ckpt.save(step, spec.lag.attach(state, step), spec.lag.data_state())
+
+
+def _restore(ckpt, like, spec: LoopSpec):
+    """The newest checkpoint (None when there is none), its data position set and, with a
+    policy lag, the rollout in flight dropped and the lag restarted from its versions."""
+    if spec.lag is not None:
+        spec.lag.drop()  # before the data position moves: a rollout may be reading it
+    restored = ckpt.restore_latest(like)
+    if restored is None:
+        return None
+    spec.data.set_state(restored.data_state)
+    if spec.lag is not None:
+        state, versions = spec.lag.detach(restored.state)
+        spec.lag.start(state, restored.step, versions)
+        restored = replace(restored, state=state)
+    return restored
+
+
 def _roll_back(state, reason: int, step: int, ckpt: Checkpointer, like, spec: LoopSpec, cfg,
                sinks) -> tuple[dict[str, Any], int]:
     """(state, step) to continue from after a guard tripped at `step`: the newest checkpoint
     with the guard's counters carried over and a lower learning-rate scale (GuardError when
     that is not possible)."""
     ckpt.wait()
-    restored = ckpt.restore_latest(like)
+    restored = _restore(ckpt, like, spec)
     new = guards.rollback(state, restored.state if restored else None, cfg.guard, reason, step,
                           restored.step if restored else None)
-    spec.data.set_state(restored.data_state)
     row = dict(_host(guards.metrics(new["guard"])), **{"guard/rollback_to": restored.step,
                                                         "guard/tripped": reason})
     if jax.process_index() == 0:
@@ -302,14 +347,13 @@ def _train_step(spec: LoopSpec, state, batch, step: int, sinks):
 def _restore_after_oom(ckpt: Checkpointer, like, spec: LoopSpec, cfg, step: int):
     """(state, step) of the newest checkpoint, its data position restored."""
     ckpt.wait()
-    restored = ckpt.restore_latest(like)
+    restored = _restore(ckpt, like, spec)
     if restored is None:
         raise oom.OutOfMemory(
             f"the train step ran out of device memory at step {step}, before the first "
             f"checkpoint, and the failed call had consumed the train state; run the same "
             f"command with train.grad_accum = {spec.train_step.accum} to start at the "
             f"smaller micro-batch", key="train.grad_accum")
-    spec.data.set_state(restored.data_state)
     if jax.process_index() == 0:
         print(f"out of memory: the train state was lost with the failed step; continuing "
               f"from the checkpoint of step {restored.step}", file=sys.stderr)

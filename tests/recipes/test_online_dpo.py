@@ -152,7 +152,7 @@ def test_tiny_online_dpo_learns_and_resumes_exactly_after_sigterm(tmp_path):
         run_online_dpo(cfg, **QUIET)
     assert (tmp_path / "stopped" / "checkpoints" / "3").exists()
     _, resumed, _ = run_online_dpo(cfg, **QUIET)
-    drop = ("rollout_s", "update_s", "tokens_per_s")
+    drop = ("rollout_s", "update_s", "tokens_per_s", "step_s")
     clean = lambda rs: [{k: v for k, v in r.items() if k not in drop} for r in rs]  # noqa: E731
     assert clean(rows(tmp_path / "stopped")) == clean(rows(tmp_path / "straight"))
     for k in straight["params"]:

@@ -1,0 +1,203 @@
+"""Rollouts a fixed number of policy versions behind the update, overlapped with it: the
+training loop's side of asynchronous RL (`grpo.max_staleness`, `ppo.max_staleness`).
+
+Version v of the policy is the trainable state after v updates. With lag k, the rollout of step
+t (0-based: the one update t trains on) is sampled with version max(t - k, 0), exactly, so it can
+run while update t - 1 does: `launch` starts it on a background thread as soon as step t - 1's
+rows are in hand, and `rows` waits for it at step t. Because the lag is fixed and every rollout
+draws its samples from keys of the seed and step alone, the run's numbers do not depend on which
+side finishes first: two runs of one config agree bit for bit, and so does a resumed one.
+
+What a resume needs is in the checkpoint (`attach` / `detach`): the k versions the next k
+rollouts read (versions s - k .. s - 1 after step s, the oldest repeated while s < k) and the
+data iterator's position before the next rollout drew its prompts. A rollout in flight when the
+run stops is not saved; it is sampled again, identically, from those versions.
+
+Faults: a rollout that raises on the background thread is run once more on the loop's thread
+from the same data position (the same numbers; logged); a second failure stops the run. A
+rollout that does not finish within `timeout_s` stops the run with `RolloutTimeout`, naming
+the step; the checkpoints already written stay as they are.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from hone.errors import InputError
+
+LAGGED_KEY = "lagged_policy"  # the checkpoint's entry of the versions the next rollouts read
+
+
+class RolloutTimeout(InputError):
+    """A rollout did not finish in time (a hung reward, environment or sampler)."""
+
+
+class _Flight:
+    """One rollout on a background thread: its step, the data position before it drew its
+    prompts, and its result or error once done."""
+
+    def __init__(self, step: int, data_state: dict, fn: Callable[[], Any]):
+        self.step, self.data_state = step, data_state
+        self.result, self.error, self.seconds = None, None, 0.0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(fn,), daemon=True,
+                                       name=f"hone-rollout-{step}")
+        self.started = time.perf_counter()
+        self.thread.start()
+
+    def _run(self, fn) -> None:
+        try:
+            self.result = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the loop's thread
+            self.error = e
+        finally:
+            self.seconds = time.perf_counter() - self.started
+            self.done.set()
+
+
+class LaggedRollouts:
+    """The rollouts of an RL run, `lag` policy versions behind its updates.
+
+    prepare(policy_state, data_batch, step) -> (rows, host metrics): the recipe's rollout
+    (hone.train.loop.LoopSpec.prepare), given {key: state[key] for key in keys} of the version
+    it is to sample with. data: the loop's iterator (next, get_state, set_state)."""
+
+    def __init__(self, prepare: Callable, data, lag: int, *, keys: tuple[str, ...] = ("params",),
+                 timeout_s: float | None = None, log=None):
+        if lag < 1:
+            raise ValueError(f"LaggedRollouts needs a lag of at least 1, got {lag}")
+        self.prepare, self.data, self.lag, self.keys = prepare, data, lag, keys
+        self.timeout_s = timeout_s
+        self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.versions: dict[int, dict] = {}  # version -> {key: copy of state[key]}
+        self.flight: _Flight | None = None
+        self.next_data_state: dict | None = None  # before the next rollout drew its prompts
+
+    # -- the loop's calls, in order: start, then per step rows -> launch -> (save) ------------
+
+    def start(self, state: dict, step: int, saved: list[dict] | None = None) -> None:
+        """Begin at `step` with `state` (version `step`): fresh (saved None, step 0) or resumed
+        from a checkpoint's `detach`ed versions (s - k .. s - 1, clamped at 0)."""
+        self.drop()
+        self.versions = {}
+        if saved is not None:
+            for i, tree in enumerate(saved):
+                self.versions[max(step - self.lag + i, 0)] = tree
+        self.versions.setdefault(step, self._copy(state))
+        self.next_data_state = None
+
+    def rows(self, state: dict, step: int) -> tuple[dict, dict]:
+        """The training rows of `step` and their host metrics: the rollout in flight for it
+        (waited for), else sampled now with version max(step - lag, 0)."""
+        version = max(step - self.lag, 0)
+        flight, self.flight = self.flight, None
+        wait_s = 0.0
+        if flight is not None and flight.step == step:
+            t0 = time.perf_counter()
+            if not flight.done.wait(self.timeout_s):
+                raise RolloutTimeout(
+                    f"the rollout of step {step + 1} did not finish within "
+                    f"{self.timeout_s:g} s (a reward function, environment or the sampler "
+                    f"hangs); checkpoints written so far are intact: fix the cause and run the "
+                    f"same command to resume", key="rollout_timeout_s")
+            wait_s = time.perf_counter() - t0
+            if flight.error is None:
+                batch, host = flight.result
+                return batch, self._metrics(host, step, version, flight.seconds, wait_s)
+            self.log(f"the rollout of step {step + 1} failed on its thread "
+                     f"({type(flight.error).__name__}: {flight.error}); running it again from "
+                     f"the same prompts")
+            self.data.set_state(flight.data_state)
+        elif flight is not None:  # a rollout for another step (after a rollback): not used
+            self._join(flight)
+        t0 = time.perf_counter()
+        batch, host = self.prepare(self.versions[version], self.data.next(), step)
+        seconds = time.perf_counter() - t0
+        return batch, self._metrics(host, step, version, seconds, seconds)
+
+    def launch(self, state: dict, step: int, max_steps: int) -> None:
+        """Before update `step` runs on `state` (version `step`): keep a copy of this version
+        (the update consumes the state) and start the rollout of step + 1 with version
+        step + 1 - lag."""
+        self.versions.setdefault(step, self._copy(state))
+        for v in [v for v in self.versions if v < step + 1 - self.lag]:
+            del self.versions[v]
+        self.next_data_state = None
+        if step + 1 >= max_steps:
+            return
+        self.next_data_state = self.data.get_state()
+        batch = self.data.next()
+        policy = self.versions[max(step + 1 - self.lag, 0)]
+        self.flight = _Flight(step + 1, self.next_data_state,
+                              lambda: self.prepare(policy, batch, step + 1))
+
+    def attach(self, state: dict, step: int) -> dict:
+        """The tree a checkpoint after `step` updates saves: the state and the k versions the
+        next rollouts read (s - k .. s - 1, clamped at 0)."""
+        saved = [self.versions[max(step - self.lag + i, 0)] for i in range(self.lag)]
+        return dict(state, **{LAGGED_KEY: saved})
+
+    def like(self, state: dict) -> dict:
+        """`attach`'s structure for a state like `state` (for restoring)."""
+        part = {k: state[k] for k in self.keys}
+        return dict(state, **{LAGGED_KEY: [part] * self.lag})
+
+    @staticmethod
+    def detach(saved: dict) -> tuple[dict, list[dict]]:
+        """(state, versions) of a restored checkpoint tree."""
+        saved = dict(saved)
+        return saved, saved.pop(LAGGED_KEY)
+
+    def data_state(self) -> dict:
+        """The data position a checkpoint saves: before the rollout in flight drew its
+        prompts (it is sampled again on resume)."""
+        if self.next_data_state is not None:
+            return self.next_data_state
+        return self.data.get_state()
+
+    def quiesce(self) -> None:
+        """Let the rollout in flight finish (its result is kept): before work that must not
+        overlap it, like a greedy evaluation."""
+        if self.flight is not None:
+            self._join(self.flight)
+
+    def drop(self) -> None:
+        """Finish and forget the rollout in flight (a rollback or restore follows)."""
+        if self.flight is not None:
+            self._join(self.flight)
+            self.flight = None
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _copy(self, state: dict) -> dict:
+        # Fresh buffers: the update donates (and so invalidates) the state's own.
+        return {k: jax.tree.map(jnp.copy, state[k]) for k in self.keys}
+
+    def _join(self, flight: _Flight) -> None:
+        if not flight.done.wait(self.timeout_s):
+            raise RolloutTimeout(f"the rollout of step {flight.step + 1} did not finish within "
+                                 f"{self.timeout_s:g} s", key="rollout_timeout_s")
+
+    @staticmethod
+    def _metrics(host: dict, step: int, version: int, seconds: float, wait_s: float) -> dict:
+        host = dict(host)
+        host["policy_lag"] = float(step - version)
+        host["rollout_s"] = float(seconds)  # the rollout's own wall time, start to finish
+        host["rollout_wait_s"] = float(wait_s)  # what the step waited for it
+        host["overlap_s"] = max(float(seconds) - float(wait_s), 0.0)
+        return host
+
+
+def lagged(section, prepare: Callable, data, *, keys: tuple[str, ...] = ("params",), log=None):
+    """The run's `LoopSpec.lag`: LaggedRollouts when the RL section asks for a policy lag
+    (`max_staleness` > 0), else None (the rollout waits for the update)."""
+    if not section.max_staleness:
+        return None
+    return LaggedRollouts(prepare, data, section.max_staleness, keys=keys,
+                          timeout_s=section.rollout_timeout_s, log=log)

@@ -43,6 +43,14 @@ PROMISES = [
     ("Exports write only inside the chosen folder, appear whole or not at all, and replace a "
      "folder only when it holds nothing but an earlier export (`--out ~` is refused).",
      "tests/recipes/test_export.py"),
+    ("With rollouts a fixed number of policy versions behind the updates "
+     "(`grpo.max_staleness`), a run killed with a rollout in flight resumes bit-identical: the "
+     "checkpoint holds the versions the next rollouts read and the data position before the "
+     "rollout in flight, which is sampled again. A rollout that fails on its thread is run once "
+     "more from the same prompts; one that hangs past `rollout_timeout_s` stops the run with an "
+     "error naming the step.",
+     "tests/recipes/test_rl_recipes.py, tests/train/test_lagged.py; "
+     "scripts/fault_test.py --algos grpo_async"),
     ("Reward functions run with a timeout; a reward that raises or hangs scores as an event, "
      "not a crash.", "tests/rl/test_rewards.py"),
 ]

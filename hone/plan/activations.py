@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from hone.models.blockwise import DEFAULT_BLOCK
 from hone.plan.inputs import PlanInput, compute_bytes, param_bytes
-from hone.plan.weights import block_params, lora_params, targeted, trainable_params
+from hone.plan.weights import block_params, targeted, trainable_params
 
 # Copies of the logits chunk [b, c, V] (float32) alive while the head's loss and its gradient
 # run. Supervised and preference losses: the logits and their gradient (the softmax fuses into

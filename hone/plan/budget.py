@@ -43,9 +43,12 @@ class Plan:
 
     @property
     def peak(self) -> float:
-        """Per-device peak bytes: persistent + the larger phase."""
-        return sum(self.persistent.values()) + max(self.update_peak,
-                                                   sum(self.rollout.values()))
+        """Per-device peak bytes: persistent + the larger phase; both phases when rollouts
+        overlap the updates (asynchronous RL on the same devices)."""
+        rollout = sum(self.rollout.values())
+        if self.input.staleness:
+            return sum(self.persistent.values()) + self.update_peak + rollout
+        return sum(self.persistent.values()) + max(self.update_peak, rollout)
 
     def fits(self, device_bytes: float) -> bool:
         return self.peak <= HEADROOM * device_bytes

@@ -18,6 +18,7 @@ from pathlib import Path
 from hone.errors import InputError
 from hone.plan.budget import HEADROOM, Plan, make_plan, suggestions
 from hone.plan.inputs import COMMANDS, PlanInput, from_config
+from hone.plan.weights import transfer_bytes
 
 DESCRIPTION = """\
 Per-device bytes of a training run before running it: parameters, gradients, Adam state,
@@ -133,7 +134,12 @@ def text_report(plan: Plan, memory: float, source: str, fixes) -> str:
             continue
         out.append(f"{title}:")
         out += [f"  {k:<54}{v / scale:9.2f}" for k, v in lines.items()]
-    out.append(f"{'peak (persistent + larger phase)':<56}{plan.peak / scale:9.2f}")
+    both = plan.input.staleness > 0  # asynchronous RL: rollout and update alive at once
+    title = "peak (persistent + update + rollout)" if both else "peak (persistent + larger phase)"
+    out.append(f"{title:<56}{plan.peak / scale:9.2f}")
+    if plan.input.rollout_rows:
+        out.append(f"weights sent to rollout hosts per update: "
+                   f"{transfer_bytes(plan.input) / 2 ** 20:,.1f} MiB")
     limit = HEADROOM * memory
     verdict = "fits" if plan.fits(memory) else "does NOT fit"
     out.append(f"device memory {memory / 2 ** 30:.2f} GiB ({source}): {verdict} "
@@ -154,7 +160,8 @@ def json_report(plan: Plan, memory: float, source: str, fixes) -> str:
         "command": p.command, "rows": p.rows, "row_len": p.row_len,
         "mesh": {"data": p.data, "fsdp": p.fsdp, "tp": p.tp, "seq": p.seq},
         "persistent": plan.persistent, "update": plan.update, "working": plan.working,
-        "rollout": plan.rollout,
+        "rollout": plan.rollout, "staleness": p.staleness,
+        "transfer_bytes": transfer_bytes(p) if p.rollout_rows else 0,
         "host": plan.host, "peak_bytes": plan.peak, "device_bytes": memory,
         "device_source": source, "headroom": HEADROOM, "fits": plan.fits(memory),
         "suggestions": [{"set": name, "peak_bytes": peak} for name, peak in fixes]}, indent=1)

@@ -54,6 +54,8 @@ class PlanInput:
     cache_dtype: str = "auto"  # RL: KV-cache dtype; auto = param_dtype
     engine: str = "static"  # RL: static (a cache of rows x len) | paged (a page pool)
     max_seqs: int | None = None  # RL, paged: sequences at once; None = all rows, at most 64
+    staleness: int = 0  # RL: max_staleness; > 0 keeps that many policy versions, and the
+    # rollout's memory is alive during the update
 
     @property
     def devices(self) -> int:
@@ -146,7 +148,8 @@ def from_config(command: str, cfg, *, arch: ModelConfig | None = None, devices: 
                      rollout_len=cfg.agent.max_episode_tokens if agent
                      else section.max_prompt_tokens + section.max_new_tokens,
                      cache_dtype=section.cache_dtype,
-                     engine="paged" if agent else section.engine, max_seqs=section.max_seqs)
+                     engine="paged" if agent else section.engine, max_seqs=section.max_seqs,
+                     staleness=section.max_staleness)
         if command == "grpo":
             extra["updates"] = section.iterations
         else:

@@ -107,9 +107,17 @@ def weight_lines(p: PlanInput) -> dict[str, float]:
         "optimizer state (Adam m, v)": 2 * train / shard,
         "reference copy": (train if p.reference == "copy" else 0) / shard,
     }
+    if p.staleness:  # asynchronous RL: the versions the next rollouts read (hone.train.lagged)
+        lines["policy versions kept (max_staleness)"] = p.staleness * train / shard
     if p.teacher is not None:
         tb = 2 if p.teacher_dtype == "bfloat16" else 4
         lines["teacher"] = p.teacher.num_params() * tb / shard
     if p.critic == "separate":  # a second model with a value head, trained: weights, grads, Adam
         lines["critic (weights, gradients, Adam)"] = 4 * p.arch.num_params() * pb / shard
     return lines
+
+
+def transfer_bytes(p: PlanInput) -> float:
+    """Bytes the trainer sends to rollout hosts after each update: the trained weights (the
+    adapters alone under LoRA), in the storage dtype."""
+    return trainable_params(p) * param_bytes(p)

@@ -14,7 +14,7 @@ from hone.models.config import PRESETS
 from hone.plan import PlanInput, make_plan, suggestions
 from hone.plan.budget import HEADROOM
 from hone.plan.rollout_memory import cache_bytes, pool_pages, rollout_lines
-from hone.plan.weights import frozen_bytes, lora_params, weight_lines
+from hone.plan.weights import frozen_bytes, lora_params, transfer_bytes, weight_lines
 
 TINY = PRESETS["tiny"]  # V 264, D 64, F 128, L 2, N 4, K 2, H 16, tied
 
@@ -70,6 +70,19 @@ def test_kv_cache_by_hand():
     assert cache_bytes(paged) == 2 * 2 * 9 * 64 * 2 * 16 * 4
     assert pool_pages(p.with_(engine="paged")) == 1 + 16 * 2  # max_seqs: every row, at most 64
     assert "9 pages of 64 slots" in next(iter(rollout_lines(paged)))
+
+
+def test_a_policy_lag_keeps_versions_and_both_phases_at_once():
+    p = PlanInput("grpo", TINY, rollout_rows=16, rollout_len=96, lora_rank=4)
+    lag = p.with_(staleness=2)
+    sync_plan, lag_plan = make_plan(p), make_plan(lag)
+    adapters = lora_params(p, range(TINY.num_layers)) * 4  # float32 adapters, in bytes
+    assert lag_plan.persistent["policy versions kept (max_staleness)"] == 2 * adapters
+    rollout = sum(sync_plan.rollout.values())
+    assert lag_plan.peak == sum(lag_plan.persistent.values()) + lag_plan.update_peak + rollout
+    assert sync_plan.peak == sum(sync_plan.persistent.values()) + max(sync_plan.update_peak,
+                                                                      rollout)
+    assert transfer_bytes(lag) == adapters
 
 
 def test_save_attention_keeps_the_blockwise_output_and_statistics_by_hand():

@@ -1,0 +1,88 @@
+"""A GRPO step of configs/smollm2/grpo_lora.yaml with up to 256 new tokens, synchronous against
+asynchronous (grpo.max_staleness = 1: the rollout of step t sampled with the weights of step
+t - 1 on a thread while update t - 1 runs): one `hone grpo` run of each, one after the other, the
+same settings otherwise (8 steps, no checkpoints, one held-out prompt, train.grad_accum 2 so that
+a rollout and an update in memory at once fit this 24 GiB machine).
+
+Reported per run over steps 3..8: the medians of step_s (the step's wall time, from metrics.jsonl),
+rollout_s, update_s and overlap_s (the part of the rollout that ran during the previous update).
+With --one-core, a third run (synchronous, 4 steps, `taskset -c 0`) gives each phase's one-core
+time, from which the best ratio this machine allows is derived: two cores can at best spread the
+two phases' one-core work evenly, and the update cannot run faster than on both cores, so
+
+    best async step >= max((R1 + U1) / 2, U2),  best ratio = that / (R2 + U2)
+
+with R1, U1 the rollout and update on one core and R2, U2 on two (the synchronous run).
+
+    .venv/bin/python benchmarks/async_grpo.py [--steps 8] [--new-tokens 256] [--one-core]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(staleness: int, steps: int, new_tokens: int, run_dir: Path, first: int,
+        pin: bool = False) -> dict:
+    cmd = [sys.executable, "-m", "hone.cli", "grpo", "--config",
+           str(ROOT / "configs/smollm2/grpo_lora.yaml"), f"run_dir={run_dir}",
+           f"grpo.max_new_tokens={new_tokens}", f"train.max_steps={steps}",
+           "train.eval_every=1000", "grpo.eval_prompts=1", "checkpoint.every_steps=1000",
+           "train.grad_accum=2", "log.sinks=[jsonl]", f"grpo.max_staleness={staleness}"]
+    if pin:
+        cmd = ["taskset", "-c", "0", *cmd]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    timed = [r for r in rows if r.get("step", 0) >= first and "step_s" in r]
+    med = lambda key: statistics.median(r.get(key, 0.0) for r in timed)  # noqa: E731
+    return {"staleness": staleness, "one_core": pin, "step_s": med("step_s"),
+            "rollout_s": med("rollout_s"), "update_s": med("update_s"),
+            "overlap_s": med("overlap_s"), "steps": [r["step"] for r in timed],
+            "step_s_each": [round(r["step_s"], 2) for r in timed],
+            "reward_mean": statistics.mean(r["reward_mean"] for r in timed),
+            "peak_rss_mb": max(before, peak) / 1024}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--one-core", action="store_true",
+                    help="also time both phases on one core (a third run, 4 steps)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = [run(s, args.steps, args.new_tokens, Path(tmp) / f"s{s}", first=3)
+                for s in (0, 1)]
+        if args.one_core:
+            rows.append(run(0, 4, args.new_tokens, Path(tmp) / "one", first=2, pin=True))
+    print("| max_staleness | cores | step s | rollout s | update s | overlap s | peak RSS MB |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['staleness']} | {1 if r['one_core'] else 2} | {r['step_s']:.1f} | "
+              f"{r['rollout_s']:.1f} | {r['update_s']:.1f} | {r['overlap_s']:.1f} | "
+              f"{r['peak_rss_mb']:,.0f} |")
+    sync, lag = rows[0], rows[1]
+    print(f"step_s, staleness 1 / 0: {lag['step_s'] / sync['step_s']:.3f} (goal <= 0.85)")
+    if args.one_core:
+        one = rows[2]
+        best = max((one["rollout_s"] + one["update_s"]) / 2, sync["update_s"])
+        print(f"best ratio this machine allows: max(({one['rollout_s']:.1f} + "
+              f"{one['update_s']:.1f}) / 2, {sync['update_s']:.1f}) / "
+              f"({sync['rollout_s']:.1f} + {sync['update_s']:.1f}) = "
+              f"{best / (sync['rollout_s'] + sync['update_s']):.3f}")
+    print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()

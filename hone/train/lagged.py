@@ -21,9 +21,12 @@ the step; the checkpoints already written stay as they are.
 
 from __future__ import annotations
 
+import ast
+import json
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import jax
@@ -192,6 +195,31 @@ class LaggedRollouts:
         host["rollout_wait_s"] = float(wait_s)  # what the step waited for it
         host["overlap_s"] = max(float(seconds) - float(wait_s), 0.0)
         return host
+
+
+def saved_lag(step_dir: Path) -> int | None:
+    """The lag a checkpoint step was written with (how many versions it holds under
+    LAGGED_KEY; 0 for a synchronous run), read from Orbax's tree metadata; None when that
+    cannot be read (the restore then decides)."""
+    try:
+        tree = json.loads((Path(step_dir) / "state" / "_METADATA").read_text())["tree_metadata"]
+        keys = [ast.literal_eval(k) for k in tree]
+    except (OSError, ValueError, KeyError, SyntaxError, TypeError):
+        return None
+    return len({k[1] for k in keys if isinstance(k, tuple) and len(k) > 1
+                and k[0] == LAGGED_KEY})
+
+
+def check_saved_lag(step_dir: Path, lag: int) -> None:
+    """Refuse to resume a checkpoint written with another max_staleness (its saved tree
+    differs), before anything is restored or written."""
+    saved = saved_lag(step_dir)
+    if saved is not None and saved != lag:
+        raise InputError(
+            f"the newest checkpoint ({step_dir}) was written with max_staleness = {saved} and "
+            f"this run asks for {lag}: a checkpoint holds that many policy versions, so the two "
+            f"cannot resume each other. Keep max_staleness = {saved} for this run_dir, or start "
+            f"a new run_dir", key="max_staleness")
 
 
 def lagged(section, prepare: Callable, data, *, keys: tuple[str, ...] = ("params",), log=None):

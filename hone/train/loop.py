@@ -32,6 +32,7 @@ import jax
 from hone.checkpoint import CheckpointError, Checkpointer
 from hone.models.stacked import Relayout
 from hone.parallel.replicas import count_replicated, replica_mismatches
+from hone.train.lagged import check_saved_lag
 from hone.train import guards, oom
 from hone.metrics.sinks import make_sinks
 from hone.parallel.profile import StepProfiler
@@ -159,6 +160,9 @@ def run_loop(spec: LoopSpec, cfg, run_dir: Path) -> dict[str, Any]:
                         saved_like)
     # The newest checkpoint whose manifest verifies (older ones if it is damaged).
     try:
+        newest = ckpt.latest_step()
+        if newest is not None:  # written with this run's policy lag (hone.train.lagged)?
+            check_saved_lag(ckpt.directory / str(newest), 0 if lag is None else lag.lag)
         restored = ckpt.restore_latest(saved_like)
     except BaseException:  # none usable: release the folder's lock before stopping
         ckpt.close()

@@ -1,15 +1,18 @@
 """hone.train.lagged: the rollout of step t reads policy version max(t - k, 0) exactly, runs
 while the update does, is run again after a failure on its thread, ends a hang with a clear
-error, and what a checkpoint needs (the k versions, the data position before the rollout in
-flight) round-trips."""
+error, what a checkpoint needs (the k versions, the data position before the rollout in
+flight) round-trips, and a checkpoint of another lag is refused before restoring."""
 
+import json
 import threading
 import time
 
 import jax.numpy as jnp
 import pytest
 
-from hone.train.lagged import LAGGED_KEY, LaggedRollouts, RolloutTimeout
+from hone.errors import InputError
+from hone.train.lagged import (LAGGED_KEY, LaggedRollouts, RolloutTimeout, check_saved_lag,
+                               saved_lag)
 
 
 class Data:
@@ -130,3 +133,22 @@ def test_a_checkpoint_holds_what_resumes_the_same_rollouts(lag):
 def test_a_lag_of_zero_is_refused():
     with pytest.raises(ValueError, match="at least 1"):
         LaggedRollouts(reads, Data(), 0)
+
+
+def _metadata(step_dir, lag: int):
+    keys = ["('params', 'w')", "('opt', 'mu', 'w')"]
+    keys += [f"('{LAGGED_KEY}', '{i}', 'params', 'w')" for i in range(lag)]
+    (step_dir / "state").mkdir(parents=True)
+    (step_dir / "state" / "_METADATA").write_text(json.dumps(
+        {"tree_metadata": {k: {} for k in keys}}))
+
+
+@pytest.mark.parametrize("saved,asked", [(0, 1), (1, 0), (1, 2)])
+def test_a_checkpoint_of_another_lag_is_refused_before_restoring(saved, asked, tmp_path):
+    _metadata(tmp_path / "3", saved)
+    assert saved_lag(tmp_path / "3") == saved
+    check_saved_lag(tmp_path / "3", saved)  # the same lag: fine
+    with pytest.raises(InputError, match=f"written with max_staleness = {saved} and this run "
+                                         f"asks for {asked}"):
+        check_saved_lag(tmp_path / "3", asked)
+    assert saved_lag(tmp_path / "missing") is None

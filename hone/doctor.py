@@ -152,7 +152,7 @@ def attention() -> dict:
 def paged_attention(kernel_report: dict) -> str:
     """How the rollout engine's decode step attends over its page pool here, for float32 and
     bfloat16 pools (`hone.sampling.paged.paged_route` decides)."""
-    from hone.sampling.paged import paged_route
+    from hone.sampling.paged import paged_route, rollout_engine
 
     def path(route: str | None) -> str:
         if route is not None:
@@ -165,7 +165,7 @@ def paged_attention(kernel_report: dict) -> str:
     text = path(f32) if f32 == bf16 else f"float32 pools: {path(f32)}; bfloat16 pools: {path(bf16)}"
     if f32 or bf16:
         text += "; sliding-window layers: XLA, one page per block"
-    return text
+    return text + f"; RL rollouts with engine=auto: {rollout_engine('auto')}"
 
 
 def collect(lock: str | os.PathLike | None = DEFAULT_LOCK) -> dict:

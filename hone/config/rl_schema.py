@@ -47,8 +47,9 @@ class RolloutKeys:
     # What samples single-turn completions: paged = the rollout engine
     # (docs/guides/rollouts.md): at most max_seqs sequences at once over a paged cache, a
     # finished one's place taken by the next; static = the lockstep sampler over a preallocated
-    # cache (every row decodes until the longest ends). Agent episodes always run paged.
-    engine: str = field(default="paged", metadata={"choices": ("paged", "static")})
+    # cache (every row decodes until the longest ends); auto = paged on a CPU, static on a GPU
+    # or TPU (where the paged engine is slower so far). Agent episodes always run paged.
+    engine: str = field(default="auto", metadata={"choices": ("auto", "paged", "static")})
     # Sequences the paged engine decodes at once; None = every sample of the step, at most 64.
     max_seqs: int | None = field(default=None, metadata={"min": 1})
     # Held-out prompts answered greedily at each evaluation (accuracy, mean reward).

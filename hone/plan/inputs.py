@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 
 from hone.errors import InputError
 from hone.models.config import ModelConfig
+from hone.sampling.paged import rollout_engine
 
 COMMANDS = ("sft", "dpo", "kto", "reward", "grpo", "ppo", "distill")
 
@@ -132,7 +133,7 @@ def from_config(command: str, cfg, *, arch: ModelConfig | None = None, devices: 
                 d.max_new_tokens
         extra.update(rollout_rows=t.batch_size * d.group_size,
                      rollout_len=d.max_prompt_tokens + d.max_new_tokens,
-                     cache_dtype=d.cache_dtype, engine=d.engine, max_seqs=d.max_seqs)
+                     cache_dtype=d.cache_dtype, engine=rollout_engine(d.engine), max_seqs=d.max_seqs)
     elif command == "dpo":
         if cfg.dpo.shared_prompt:  # one row [prompt | chosen | rejected] per pair
             row_len = head_len = 2 * length
@@ -148,7 +149,7 @@ def from_config(command: str, cfg, *, arch: ModelConfig | None = None, devices: 
                      rollout_len=cfg.agent.max_episode_tokens if agent
                      else section.max_prompt_tokens + section.max_new_tokens,
                      cache_dtype=section.cache_dtype,
-                     engine="paged" if agent else section.engine, max_seqs=section.max_seqs,
+                     engine="paged" if agent else rollout_engine(section.engine), max_seqs=section.max_seqs,
                      staleness=section.max_staleness)
         if command == "grpo":
             extra["updates"] = section.iterations

@@ -42,6 +42,7 @@ from flax import nnx
 from hone.data.shared_prefix import branch_rows
 from hone.models.layers import positions_from_mask
 from hone.sampling.generate import Completion, generate
+from hone.sampling.paged import rollout_engine
 from hone.train.state import unflatten
 
 
@@ -107,14 +108,15 @@ def sample(model, tokenizer, prompt_ids: list[list[int]], prompt_texts: list[str
     """G completions of each prompt from `model` (its current weights). prompt_bucket: pad
     prompts to at least this many tokens (max_prompt_tokens: one compiled shape per run; the
     static engine's). cache_dtype: the KV cache's ("float32", "bfloat16"; None: the model's).
-    engine, max_seqs: `hone.generate`'s (the paged engine keeps max_seqs decoding)."""
+    engine, max_seqs: `hone.generate`'s (the paged engine keeps max_seqs decoding); "auto":
+    `hone.sampling.paged.rollout_engine` picks by backend."""
     g = group_size
     ids = [p for p in prompt_ids for _ in range(g)]
     outs = generate(model, tokenizer, prompt_ids, max_new_tokens=max_new_tokens,
                     temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                     min_prompt_bucket=max(len(x) for x in prompt_ids) if prompt_bucket is None
                     else prompt_bucket, n=g,  # one prefill per prompt for its G samples
-                    cache_dtype=cache_dtype, engine=engine, max_seqs=max_seqs)
+                    cache_dtype=cache_dtype, engine=rollout_engine(engine), max_seqs=max_seqs)
     return Samples(ids, [t for t in prompt_texts for _ in range(g)], outs,
                    {k: [x for x in v for _ in range(g)] for k, v in columns.items()}, g)
 

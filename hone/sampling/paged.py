@@ -51,6 +51,16 @@ TRACES: collections.Counter = collections.Counter()  # compiles per program; tes
 Pools = dict[str, list[jax.Array]]
 
 
+def rollout_engine(engine: str) -> str:
+    """The engine an RL rollout's `engine` setting names here: "auto" is the paged engine on a
+    CPU, where it measured 1.66x the static sampler's tokens per second on a long-tail
+    rollout, and the static sampler on an accelerator, where the paged engine measured 0.15x
+    on a TPU v5e (benchmarks/RESULTS.md "Rollouts"); "paged" and "static" are themselves."""
+    if engine != "auto":
+        return engine
+    return "paged" if jax.default_backend() == "cpu" else "static"
+
+
 def paged_route(cache_dtype) -> str | None:
     """The decode step's attention over pages on this backend: the Pallas kernel of a GPU, or
     of a TPU when the pools are bfloat16 (that kernel reads keys and values as bfloat16), None

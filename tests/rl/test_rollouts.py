@@ -51,3 +51,12 @@ def test_the_config_picks_the_kind_and_episodes_are_never_tree_rows():
                               tree=tree_layout(agent), turn_gamma=0.5)
         assert isinstance(built, AgentRollouts) and built.turn_gamma == 0.5
         assert built.describe() == "one per episode (episodes of up to 3 turns)"
+
+
+def test_auto_engine_is_paged_on_a_cpu_and_static_on_an_accelerator(monkeypatch):
+    from hone.sampling import paged
+    assert paged.rollout_engine("auto") == "paged"  # the tests run on a CPU
+    assert paged.rollout_engine("static") == "static"
+    monkeypatch.setattr(paged.jax, "default_backend", lambda: "tpu")
+    assert paged.rollout_engine("auto") == "static"
+    assert paged.rollout_engine("paged") == "paged"

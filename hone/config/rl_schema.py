@@ -166,6 +166,11 @@ class GRPOSection(RolloutKeys):
     # Devices of the reference's own: the last N of this host's (its weights split over them,
     # its forward a separate program); 0 = the reference runs inside the policy's step.
     reference_devices: int = field(default=0, metadata={"min": 0})
+    # Devices of the rollout's own: the last N of those the reference leaves (the frozen
+    # weights placed there once, the trained ones sent before each rollout); 0 = the rollout
+    # samples on the policy's devices. With max_staleness > 0 the two phases then overlap on
+    # separate devices.
+    rollout_devices: int = field(default=0, metadata={"min": 0})
     # Optimisation passes over each rollout (mu); > 1 uses stored old log-probabilities.
     iterations: int = field(default=1, metadata={"min": 1})
     # DAPO dynamic sampling: drop groups whose rewards are all equal and refill with new
@@ -226,6 +231,8 @@ class PPOSection(RolloutKeys):
     # its forward a separate program; an EMA reference's weights are sent there every step);
     # 0 = the reference runs inside the policy's step.
     reference_devices: int = field(default=0, metadata={"min": 0})
+    # Devices of the rollout's own (as grpo.rollout_devices); 0 = the policy's devices.
+    rollout_devices: int = field(default=0, metadata={"min": 0})
     # Score each prompt once for its group (as grpo.shared_prompt): one row [prompt | sample 1 |
     # ... | sample G], the policy, critic and reference read at the samples' slots only. Used
     # unless the groups do not split evenly over the mesh's data shards, minibatches and

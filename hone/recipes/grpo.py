@@ -36,6 +36,7 @@ from hone.rl.policy_metrics import policy_means
 from hone.rl.prompts import load_prompts
 from hone.rl.remote_reference import RemoteReference, reference_split
 from hone.rl.rollout import completion_width, tree_layout
+from hone.rl.rollout_devices import place_rollouts, rollout_split
 from hone.rl.rollouts import make_rollouts, rollout_scorer
 from hone.rl.step import make_rl_step
 from hone.tokenizer import load_tokenizer
@@ -64,6 +65,7 @@ def run_grpo(cfg: GRPOConfig, *, log=print):
     prompts, held_out = load_prompts(cfg, grpo, tokenizer, log)
     scorer = rollout_scorer(cfg, grpo, prompts, log)  # checked before the run is written
     ref_devices, policy_devices = reference_split(cfg)
+    rollout_devices, policy_devices = rollout_split(cfg, grpo, policy_devices)
     layout = make_layout(cfg, devices=policy_devices)
     model, trainable = build_model(cfg, layout=layout)
     run_dir = open_run(cfg)
@@ -97,6 +99,7 @@ def run_grpo(cfg: GRPOConfig, *, log=print):
     data_iter = prompts.iterator(groups, cfg.train.seed)
     rollouts = make_rollouts(cfg, grpo, graphdef, params, frozen, tokenizer, prompts, data_iter,
                              scorer, tree=tree)
+    place_rollouts(cfg, grpo, rollouts, params, frozen, rollout_devices, log)
     log(f"rollout rows: {rollouts.describe()}")
     evaluate = rollouts.evaluator(held_out)
 

@@ -36,6 +36,7 @@ from hone.rl.ppo_objective import make_ppo_loss, make_scoring, policy_part
 from hone.rl.prompts import load_prompts
 from hone.rl.remote_reference import RemoteReference, reference_split
 from hone.rl.rollout import completion_width, tree_layout
+from hone.rl.rollout_devices import place_rollouts, rollout_split
 from hone.rl.rollouts import make_rollouts, rollout_scorer
 from hone.rl.step import make_rl_step
 from hone.tokenizer import load_tokenizer
@@ -65,6 +66,7 @@ def run_ppo(cfg: PPOConfig, *, log=print):
     prompts, held_out = load_prompts(cfg, ppo, tokenizer, log)
     scorer = rollout_scorer(cfg, ppo, prompts, log)  # checked before the run is written
     ref_devices, policy_devices = reference_split(cfg)
+    rollout_devices, policy_devices = rollout_split(cfg, ppo, policy_devices)
     layout = make_layout(cfg, devices=policy_devices)
     model, trainable, policy_trainable = build_ppo_model(cfg, layout)
     policy = model.policy
@@ -107,6 +109,7 @@ def run_ppo(cfg: PPOConfig, *, log=print):
     # Episodes' rows carry per-turn rewards and discounts (agent.gamma between turns).
     rollouts = make_rollouts(cfg, ppo, pol_graphdef, pol_params, pol_frozen, tokenizer, prompts,
                              data_iter, scorer, tree=tree, turn_gamma=ppo.gamma)
+    place_rollouts(cfg, ppo, rollouts, pol_params, pol_frozen, rollout_devices, log)
     log(f"rollout rows: {rollouts.describe()}")
     evaluate = rollouts.evaluator(held_out)
 

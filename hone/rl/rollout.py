@@ -58,9 +58,18 @@ class PolicyView:
     graphdef: object
     template: object
     frozen: object
+    placement: object = None  # hone.rl.rollout_devices.RolloutPlacement, or None
+
+    def place_on(self, placement) -> None:
+        """Sample on a RolloutPlacement's devices: its frozen weights, the trainable ones sent
+        there on each call of `policy`."""
+        self.placement, self.frozen = placement, placement.frozen
 
     def policy(self, params):
-        """The policy module over the given weights (shared buffers, no copy)."""
+        """The policy module over the given weights (shared buffers, no copy; on the rollout's
+        own devices when placed there, the weights sent over)."""
+        if self.placement is not None:
+            params = self.placement.params(params)
         return nnx.merge(self.graphdef, unflatten(self.template, params), self.frozen)
 
 

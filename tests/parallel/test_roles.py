@@ -43,6 +43,19 @@ class Captured(RemoteReference):  # keeps the reference a run builds, to look at
         made.append(self)
 
 grpo.RemoteReference = ppo.RemoteReference = Captured
+import hone.rl.rollout_devices as rollout_devices
+placed = []
+
+class CapturedPlacement(rollout_devices.RolloutPlacement):  # the rollout's own devices
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        placed.append(self)
+
+    def params(self, params):  # the weights a rollout sampled with, as sent
+        self.sent = super().params(params)
+        return self.sent
+
+rollout_devices.RolloutPlacement = CapturedPlacement
 root = Path(sys.argv[1])
 RECIPES = {"grpo": (GRPOConfig, grpo.run_grpo), "ppo": (PPOConfig, ppo.run_ppo)}
 
@@ -56,6 +69,7 @@ for spec in sys.argv[2:]:
         f"run_dir={root / name}", "log.sinks=[jsonl]", "data.eval_path=null",
         "checkpoint.every_steps=0", "mesh.data=2", *overrides])
     made.clear()
+    placed.clear()
     try:
         _, state, _ = run(cfg, log=lambda s: None)
     except InputError as e:
@@ -66,6 +80,9 @@ for spec in sys.argv[2:]:
     out = {"name": name, "loss": [r["loss"] for r in rows],
            "kl": [r.get("kl", r.get("kl_seq")) for r in rows],
            "policy_devices": devices_of(state["params"])}
+    if placed:
+        out["rollout_devices"] = devices_of([placed[0].frozen, placed[0].sent])
+        out["frozen_devices"] = devices_of(placed[0].frozen)
     if made:
         weights = made[0].weights
         out["ref_devices"] = devices_of(weights)
@@ -118,6 +135,25 @@ def test_grpo_with_the_reference_on_its_own_devices_trains_the_same(tmp_path):
     assert_on_reference_devices(runs["g2"])
     # Every device the reference's: refused before anything is written.
     assert runs["all"] == {"name": "all", "error": "grpo.reference_devices", "written": False}
+
+
+def test_grpo_with_the_rollout_on_its_own_devices_trains_the_same(tmp_path):
+    """The rollout a version behind on devices 2-3 while the update runs on 0-1: the losses of
+    the same lagged run with the rollout on the policy's devices. Under LoRA the frozen base is
+    placed there once and only the adapters are sent."""
+    grpo = "grpo.kl_kind=k1 train.max_steps=3 grpo.max_staleness=1"
+    lora = f"{grpo} model.lora.rank=4"
+    runs = role_runs(tmp_path, f"grpo r0 {grpo}", f"grpo r2 {grpo} grpo.rollout_devices=2",
+                     f"grpo l0 {lora}", f"grpo l2 {lora} grpo.rollout_devices=2",
+                     "grpo rall grpo.rollout_devices=4")
+    assert_same_run(runs["r2"], runs["r0"], 3, floor=1e-3)
+    assert_same_run(runs["l2"], runs["l0"], 3, floor=1e-3)
+    for name in ("r2", "l2"):
+        assert runs[name]["policy_devices"] == [0, 1]
+        assert runs[name]["rollout_devices"] == [2, 3]
+    assert runs["l2"]["frozen_devices"] == [2, 3]  # the base, placed once
+    assert "rollout_devices" not in runs["r0"]
+    assert runs["rall"] == {"name": "rall", "error": "grpo.rollout_devices", "written": False}
 
 
 def test_ema_reference_sent_each_step_and_adapters_off_reference_train_the_same(tmp_path):

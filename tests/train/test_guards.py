@@ -133,9 +133,12 @@ def test_stopped_run_replays_the_same_decisions(tmp_path, monkeypatch, stop_at, 
     assert list(map(json.dumps, rows(stopped))) == list(map(json.dumps, rows(straight[0])))
 
 
-def test_kl_overshoot_rolls_back_an_rl_run(tmp_path, monkeypatch):
+@pytest.mark.parametrize("lag", [[], ["grpo.max_staleness=1"]])
+def test_kl_overshoot_rolls_back_an_rl_run(lag, tmp_path, monkeypatch):
     """GRPO with guard.max_kl: a logged KL above it (injected into step 5's metrics) rolls the
-    run back to the step-4 checkpoint with the learning rate times 0.8, and it ends healthy."""
+    run back to the step-4 checkpoint with the learning rate times 0.8, and it ends healthy;
+    with rollouts a version behind too (the rollout in flight is dropped, the lag restarts from
+    the checkpoint's versions)."""
     import hone.recipes.grpo as grpo
     from hone.config import GRPOConfig
     real_loop = grpo.run_loop
@@ -157,7 +160,7 @@ def test_kl_overshoot_rolls_back_an_rl_run(tmp_path, monkeypatch):
     cfg = load_config(GRPOConfig, str(ROOT / "configs/tiny/grpo.yaml"), [
         f"run_dir={tmp_path}", "log.sinks=[jsonl]", "train.max_steps=7", "train.batch_size=8",
         "checkpoint.every_steps=2", "checkpoint.async_save=false", "data.eval_path=null",
-        "guard.max_kl=10"])
+        "guard.max_kl=10", *lag])
     _, state, _ = grpo.run_grpo(cfg, log=lambda s: None)
     got = rows(tmp_path)
     backs = [(r["step"], r["guard/rollback_to"], r["guard/tripped"]) for r in got

@@ -30,11 +30,11 @@ from hone.parallel.layout import Layout
 from hone.parallel.mesh import build_mesh
 
 
-def split_devices(count: int, key: str, trainee: str = "the model being trained"
-                  ) -> tuple[list, list]:
-    """(the role's devices: the last `count`, the trainee's: all the others). `key` is the
-    config key that asked, named in the errors."""
-    devices = jax.devices()
+def split_devices(count: int, key: str, trainee: str = "the model being trained",
+                  devices=None) -> tuple[list, list]:
+    """(the role's devices: the last `count` of `devices` (default: this host's), the
+    trainee's: all the others). `key` is the config key that asked, named in the errors."""
+    devices = jax.devices() if devices is None else list(devices)
     if jax.process_count() > 1:
         raise InputError(f"{key}={count}: a role on devices of its own needs a single process "
                          f"(its outputs come back through this host); this run has "

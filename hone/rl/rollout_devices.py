@@ -12,10 +12,7 @@ rows come back through the host, as every rollout's do.
 
 from __future__ import annotations
 
-import jax
-
-from hone.errors import InputError
-from hone.parallel.roles import role_layout
+from hone.parallel.roles import role_layout, split_devices
 from hone.train.state import flatten, unflatten
 
 
@@ -25,15 +22,8 @@ def rollout_split(cfg, section, policy_devices) -> tuple[list | None, list | Non
     count = getattr(section, "rollout_devices", 0)
     if not count:
         return None, policy_devices
-    key = f"{cfg.SECTION}.rollout_devices"
-    if jax.process_count() > 1:
-        raise InputError(f"{key}={count}: a rollout on devices of its own needs a single "
-                         f"process; this run has {jax.process_count()}", key=key)
-    devices = list(policy_devices) if policy_devices is not None else jax.devices()
-    if count >= len(devices):
-        raise InputError(f"{key}={count} leaves no device for the policy: it has "
-                         f"{len(devices)}", key=key)
-    return devices[len(devices) - count:], devices[:len(devices) - count]
+    return split_devices(count, f"{cfg.SECTION}.rollout_devices", "the policy",
+                         devices=policy_devices)
 
 
 class RolloutPlacement:

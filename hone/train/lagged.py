@@ -103,12 +103,7 @@ class LaggedRollouts:
         wait_s = 0.0
         if flight is not None and flight.step == step:
             t0 = time.perf_counter()
-            if not flight.done.wait(self.timeout_s):
-                raise RolloutTimeout(
-                    f"the rollout of step {step + 1} did not finish within "
-                    f"{self.timeout_s:g} s (a reward function, environment or the sampler "
-                    f"hangs); checkpoints written so far are intact: fix the cause and run the "
-                    f"same command to resume", key="rollout_timeout_s")
+            self._join(flight)
             wait_s = time.perf_counter() - t0
             if flight.error is None:
                 batch, host = flight.result
@@ -184,8 +179,11 @@ class LaggedRollouts:
 
     def _join(self, flight: _Flight) -> None:
         if not flight.done.wait(self.timeout_s):
-            raise RolloutTimeout(f"the rollout of step {flight.step + 1} did not finish within "
-                                 f"{self.timeout_s:g} s", key="rollout_timeout_s")
+            raise RolloutTimeout(
+                f"the rollout of step {flight.step + 1} did not finish within "
+                f"{self.timeout_s:g} s (a reward function, environment or the sampler hangs); "
+                f"checkpoints written so far are intact: fix the cause and run the same "
+                f"command to resume", key="rollout_timeout_s")
 
     @staticmethod
     def _metrics(host: dict, step: int, version: int, seconds: float, wait_s: float) -> dict:

@@ -11,9 +11,9 @@ render.py), episodes as training rows (episode_rows.py) and the config's environ
 from hone.agents.calculator import calculator
 from hone.agents.environment import Environment, Step, ToolEnvironment
 from hone.agents.parsers import HermesParser, ToolCall
-from hone.agents.rollout import Episode, rollout
+from hone.agents.rollout import Episode, Switch, rollout
 from hone.agents.tasks import ArithmeticTool, GuessNumber
 from hone.agents.tools import tool_schema
 
 __all__ = ["ArithmeticTool", "Environment", "Episode", "GuessNumber", "HermesParser", "Step",
-           "ToolCall", "ToolEnvironment", "calculator", "rollout", "tool_schema"]
+           "Switch", "ToolCall", "ToolEnvironment", "calculator", "rollout", "tool_schema"]

@@ -48,7 +48,7 @@ from hone.agents.deadline import EnvTimeout, deadline
 from hone.agents.render import after_turn_text, opening_text, supports_tools, with_tools
 from hone.errors import InputError
 from hone.sampling.generate import encode_prompt
-from hone.sampling.requests import Request, Turn
+from hone.sampling.requests import Request, Sample, Turn
 from hone.sampling.scheduler import PagedEngine
 
 CUT_MARK = "\n[cut: {n} more tokens]"
@@ -70,6 +70,8 @@ class Episode:
     turn_ends: list[int] = field(default_factory=list)  # index of each model turn's last token
     events: dict[str, int] = field(default_factory=dict)  # counters (tool calls, errors, ...)
     limit: str | None = None  # the limit that ended it, if one did
+    versions: list[int] = field(default_factory=list)  # per token: the policy version that
+    # sampled it (-1 on tokens the model did not sample)
 
     def count(self, name: str, n: int = 1) -> None:
         self.events[name] = self.events.get(name, 0) + int(n)
@@ -78,6 +80,19 @@ class Episode:
     def env_tokens(self) -> int:
         """Tokens after the opening that the model did not sample."""
         return len(self.tokens) - self.prompt_len - sum(self.model_mask)
+
+
+@dataclass
+class Switch:
+    """New weights in the middle of a rollout (asynchronous RL's partial episodes): an episode's
+    model turns from `turn` on (0-based) are sampled with `model()` (which may wait for the
+    weights to exist), recorded as policy version `version`. Its history is prefilled again
+    under the new weights and its keys go on where they were, so with the same weights the
+    episode is the one it would have been without the switch."""
+
+    turn: int
+    model: Callable[[], object]
+    version: int
 
 
 def episode_seed(seed: int, example: int, copy: int) -> int:
@@ -94,6 +109,10 @@ class _Live:
         self.history: list[dict] = []  # the conversation as rendered (tools described)
         self.extra: dict = {}
         self.active = False
+        self.version = 0  # the policy version sampling its turns now
+        self.paused = False  # waits for the new weights (`Switch`) before its next turn
+        self.key, self.sample = None, 0  # its request's key and its sample index there
+        self.budget = 0  # its request's max_new_tokens
 
     def fail(self, event: str) -> None:
         self.ep.count(event)
@@ -148,7 +167,8 @@ def rollout(model, tokenizer, factory: Callable, examples: Sequence[dict], *, ma
             eos_ids: Sequence[int] | None = None,
             env_timeout_s: float | None = 60.0,
             max_after_opening: int | None = None, max_seqs: int | None = None,
-            page_size: int = 64) -> list[Episode]:
+            page_size: int = 64, policy_version: int = 0,
+            switch: Switch | None = None) -> list[Episode]:
     """Play `group_size` episodes of each example (example-major: episode i·G + j is copy j of
     example i) with `model`'s current weights; see the module docstring.
 
@@ -162,11 +182,16 @@ def rollout(model, tokenizer, factory: Callable, examples: Sequence[dict], *, ma
     max_after_opening: an episode's tokens after its opening at most, cut as max_episode_tokens
     cuts (the training row's slots after the opening, L - P: an opening shorter than P leaves
     room within max_episode_tokens that the row does not have). max_seqs: episodes running at
-    once on the engine (default all, at most 64); page_size: its KV pages' slots."""
+    once on the engine (default all, at most 64); page_size: its KV pages' slots.
+    policy_version: the version `model` is recorded as (Episode.versions); switch: new weights
+    from a turn on (see `Switch`)."""
     cfg = model.config
     max_env_tokens = max_env_tokens or -(-(max_tool_tokens + 64) // 16) * 16
     _check(max_turns, max_new_tokens, max_episode_tokens, max_tool_tokens, max_env_tokens,
            group_size, cfg.max_position_embeddings)
+    if switch is not None and not 1 <= switch.turn < max_turns:
+        raise InputError(f"the new weights' first turn must lie within the episode's turns "
+                         f"(1 to {max_turns - 1}), got {switch.turn}", key="switch_turn")
     if not examples:
         return []
     g = group_size
@@ -201,23 +226,49 @@ def rollout(model, tokenizer, factory: Callable, examples: Sequence[dict], *, ma
             room = max_episode_tokens if max_after_opening is None else min(
                 max_episode_tokens, len(opening) + max_after_opening)
             requests.append(Request(opening, room - len(opening), k, n=len(episodes),
-                                    turn_tokens=max_new_tokens))
+                                    turn_tokens=max_new_tokens, policy_version=policy_version))
             owners.append(episodes)
+            for j, e in enumerate(episodes):
+                lives[e].key, lives[e].sample, lives[e].budget = k, j, room - len(opening)
+    for live in lives:
+        live.version = policy_version
 
-    def on_turn(turn: Turn) -> list[int] | None:
-        live = lives[owners[turn.request][turn.sample]]
-        cap = live.ep.prompt_len + requests[turn.request].max_new_tokens
-        cut = turn.room == 0 and turn.reason == "length" and len(turn.tokens) < max_new_tokens
-        return _after_model_turn(live, turn.tokens, turn.logprobs, eos_set, tokenizer,
-                                 live.ep.turns, max_turns, cap, max_tool_tokens, max_env_tokens,
-                                 env_timeout_s, cut=cut)
+    def play(model, requests, owners) -> None:
+        def on_turn(turn: Turn) -> list[int] | None:
+            live = lives[owners[turn.request][turn.sample]]
+            cap = live.ep.prompt_len + requests[turn.request].max_new_tokens
+            cut = turn.room == 0 and turn.reason == "length" and len(turn.tokens) < max_new_tokens
+            more = _after_model_turn(live, turn.tokens, turn.logprobs, eos_set, tokenizer,
+                                     live.ep.turns, max_turns, cap, max_tool_tokens,
+                                     max_env_tokens, env_timeout_s, cut=cut)
+            if more is not None and switch is not None and live.version != switch.version \
+                    and live.ep.turns >= switch.turn:
+                live.paused = True  # its next turn waits for the new weights
+                return None
+            return more
 
-    if requests:
         engine = PagedEngine(model, max_seqs=max_seqs or min(64, sum(r.n for r in requests)),
                              max_len=max(len(r.prompt) + r.max_new_tokens for r in requests),
                              page_size=page_size, cache_dtype=cache_dtype)
         engine.run(requests, temperature=temperature, top_k=top_k, top_p=top_p,
                    eos_ids=tuple(eos_set), on_turn=on_turn)
+
+    if requests:
+        play(model, requests, owners)
+    paused = [e for e, live in enumerate(lives) if live.paused]
+    if paused:  # the rest of their turns under the new weights, from their histories
+        later, owners = [], []
+        for e in paused:
+            live, ep = lives[e], lives[e].ep
+            live.paused, live.version = False, switch.version
+            n = ep.prompt_len
+            so_far = Sample(tokens=ep.tokens[n:], logprobs=ep.logprobs[n:],
+                            model_mask=ep.model_mask[n:], turns=ep.turns)
+            later.append(Request(ep.tokens[:n], live.budget, live.key,
+                                 turn_tokens=max_new_tokens, policy_version=switch.version,
+                                 first_sample=live.sample, resume=(so_far,)))
+            owners.append([e])
+        play(switch.model(), later, owners)
     return [live.ep for live in lives]
 
 
@@ -246,6 +297,7 @@ def _start(factory, example: dict, seed: int, tokenizer, native: bool, room: int
     live.history, live.extra, live.active = messages, extra, True
     ep = live.ep
     ep.tokens, ep.model_mask, ep.logprobs = list(ids), [0] * len(ids), [0.0] * len(ids)
+    ep.versions = [-1] * len(ids)
     ep.prompt_len, ep.messages = len(ids), list(opening)
     return live, ids
 
@@ -271,6 +323,7 @@ def _after_model_turn(live: _Live, sampled, logps, eos: set[int], tokenizer, tur
     ep.tokens += turn_ids
     ep.model_mask += [1] * len(turn_ids)
     ep.logprobs += [float(x) for x in logps[:len(turn_ids)]]
+    ep.versions += [live.version] * len(turn_ids)
     ep.turns += 1
     ep.turn_ends.append(len(ep.tokens) - 1)
     ended_by_model = end is not None and not over
@@ -325,6 +378,7 @@ def _after_model_turn(live: _Live, sampled, logps, eos: set[int], tokenizer, tur
     ep.tokens += ids
     ep.model_mask += [0] * len(ids)
     ep.logprobs += [0.0] * len(ids)
+    ep.versions += [-1] * len(ids)
     return ids
 
 

@@ -130,6 +130,12 @@ class AgentSection:
     env_timeout_s: float = field(default=60.0, metadata={"gt": 0.0})
     # Discount of later turns' rewards (PPO/GAE with per-turn rewards); 1 = none.
     gamma: float = field(default=1.0, metadata={"min": 0.0, "max": 1.0})
+    # Partial episodes (with grpo/ppo.max_staleness > 0): an episode's model turns from this
+    # one on (0-based) are sampled with the next policy version, the one the update running
+    # beside the rollout produces; the episode goes on under the new weights (its history
+    # prefilled again) and each token records the version that sampled it and its log-prob.
+    # None = every turn of a rollout with one version.
+    switch_turn: int | None = field(default=None, metadata={"min": 1})
 
     @property
     def enabled(self) -> bool:
@@ -275,6 +281,12 @@ class RLConfig(TrainConfig):
                              f"call: agent.env_timeout_s ({a.env_timeout_s}) must exceed "
                              f"agent.tool_timeout_s ({a.tool_timeout_s})",
                              key="agent.env_timeout_s")
+        if a.switch_turn is not None and (not a.enabled or not s.max_staleness
+                                          or a.switch_turn >= a.max_turns):
+            raise InputError(f"partial episodes need an agent, {name}.max_staleness > 0 (else "
+                             f"the weights never change during a rollout) and a turn below "
+                             f"agent.max_turns ({a.max_turns}), got {a.switch_turn}",
+                             key="agent.switch_turn")
         if a.environment is not None and a.tools:
             raise InputError("give an environment or tools, not both (an environment brings "
                              "its own tools)", key="agent.tools")

@@ -103,8 +103,8 @@ def run_grpo(cfg: GRPOConfig, *, log=print):
     log(f"rollout rows: {rollouts.describe()}")
     evaluate = rollouts.evaluator(held_out)
 
-    def prepare(state, prompt_batch, step_index):  # the loop's host-side hook: the rollout
-        rows, total, _, metrics = rollouts.collect(state, prompt_batch, step_index)
+    def prepare(state, prompt_batch, step_index, later=None):  # the loop's hook: the rollout
+        rows, total, _, metrics = rollouts.collect(state, prompt_batch, step_index, later=later)
         adv, _ = grpo_advantages(jnp.asarray(total), grpo.group_size, scale=grpo.scale,
                                  leave_one_out=grpo.leave_one_out)
         adv = np.asarray(adv, np.float32)
@@ -115,7 +115,8 @@ def run_grpo(cfg: GRPOConfig, *, log=print):
 
     spec = LoopSpec(
         train_step=step, state=state, frozen=frozen, aux=aux, data=data_iter, eval_fn=evaluate,
-        prepare=prepare, lag=lagged(grpo, prepare, data_iter),
+        prepare=prepare,
+        lag=lagged(grpo, prepare, data_iter, partial=rollouts.partial),
         place_batch=layout.place_batch, tokens_per_batch=work_tokens,
         flops_per_token=model.config.flops_per_token(grpo.max_prompt_tokens
                                                      + completion_width(cfg)),

@@ -23,6 +23,8 @@ before each step, the weight transfer a reference that changes calls for.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -113,9 +115,12 @@ def run_ppo(cfg: PPOConfig, *, log=print):
     log(f"rollout rows: {rollouts.describe()}")
     evaluate = rollouts.evaluator(held_out)
 
-    def prepare(state, prompt_batch, step_index):  # the loop's host-side hook: the rollout
+    def prepare(state, prompt_batch, step_index, later=None):  # the loop's hook: the rollout
+        if later is not None:  # partial episodes go on with the next version's policy
+            later = replace(later, fetch=lambda f=later.fetch: {
+                "params": policy_part(f()["params"])})
         rows, total, _, metrics = rollouts.collect(
-            {"params": policy_part(state["params"])}, prompt_batch, step_index)
+            {"params": policy_part(state["params"])}, prompt_batch, step_index, later=later)
         scores = np.asarray(total, np.float32)
         rows["scores"] = scores.reshape(groups, ppo.group_size) if tree else scores
         if reference is not None:
@@ -130,7 +135,8 @@ def run_ppo(cfg: PPOConfig, *, log=print):
     spec = LoopSpec(
         train_step=step, state=state, frozen=frozen, aux=aux, data=data_iter,
         eval_fn=None if evaluate is None else (lambda params: evaluate(policy_part(params))),
-        prepare=prepare, lag=lagged(ppo, prepare, data_iter, keys=lag_keys),
+        prepare=prepare, lag=lagged(ppo, prepare, data_iter, keys=lag_keys,
+                                    partial=rollouts.partial),
         place_batch=layout.place_batch, tokens_per_batch=work_tokens,
         flops_per_token=model.config.flops_per_token(ppo.max_prompt_tokens
                                                      + completion_width(cfg)),

@@ -31,6 +31,8 @@ class Rollouts(PolicyView):
         self.rewards = rewards
         self.groups = cfg.train.batch_size // section.group_size
 
+    partial = False  # a completion is one turn: nothing goes on with newer weights
+
     def describe(self) -> str:
         return "one per prompt, its samples sharing it" if self.tree else "one per sample"
 
@@ -51,9 +53,10 @@ class Rollouts(PolicyView):
         return self.rewards(samples.prompt_texts, samples.texts, samples.columns,
                             samples.lengths)
 
-    def collect(self, state, prompt_batch, step: int):
+    def collect(self, state, prompt_batch, step: int, later=None):
         """This step's rollout from a batch of the prompt iterator ({"index": [groups, 1]}, see
-        `PromptData.iterator`): (rows, total, samples, metrics). With
+        `PromptData.iterator`): (rows, total, samples, metrics). `later` (the next policy
+        version of partial episodes) is not used: a completion is one turn. With
         `dynamic_sampling_rounds` in the section (GRPO's DAPO), up to that many further batches
         are drawn while fewer groups than the batch holds have rewards that differ.
 

@@ -6,6 +6,13 @@ and the greedy held-out evaluation of a model as an agent.
 (`hone.agents.episode_rows.episode_rows`). The sampler's seed is `step_seed(run seed, step)` and each
 environment's seed is derived from it, the record's place in the batch and the copy, so a
 resumed run plays the episodes an uninterrupted run would have.
+
+Partial episodes (agent.switch_turn, with a policy lag): `collect(..., later=NextVersion)` plays
+the turns from switch_turn on with the next policy version (hone.agents.rollout.Switch); each
+model token keeps the version that sampled it (`Episode.versions`) and its log-prob there, which
+the rows' sampler_logp carries to the off-policy corrections; `sampled_version_mean` (over model
+tokens) is what the step's `policy_lag` is reckoned from, `partial_fraction` the share of
+episodes that span two versions.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import time
 import numpy as np
 
 from hone.agents.episode_rows import episode_rows, turn_arrays
-from hone.agents.rollout import Episode, episode_metrics, rollout
+from hone.agents.rollout import Episode, Switch, episode_metrics, rollout
 from hone.grading import is_correct
 from hone.rl.rollout import PolicyView, step_seed
 
@@ -43,11 +50,17 @@ class AgentRollouts(PolicyView):
         self.tokenizer, self.prompts, self.factory = tokenizer, prompts, factory
         self.turn_gamma = turn_gamma  # rows carry per-turn rewards and discounts (PPO)
 
+    @property
+    def partial(self) -> bool:
+        """Whether episodes go on with the next policy version (agent.switch_turn)."""
+        return self.a.switch_turn is not None
+
     def describe(self) -> str:
         return f"one per episode (episodes of up to {self.a.max_turns} turns)"
 
     def play(self, model, records: list[dict], group_size: int, seed: int,
-             temperature: float | None = None) -> list[Episode]:
+             temperature: float | None = None, version: int = 0,
+             switch: Switch | None = None) -> list[Episode]:
         s, a = self.s, self.a
         temperature = s.temperature if temperature is None else temperature
         return rollout(model, self.tokenizer, self.factory, records, max_turns=a.max_turns,
@@ -59,17 +72,24 @@ class AgentRollouts(PolicyView):
                        max_opening_tokens=s.max_prompt_tokens, env_timeout_s=a.env_timeout_s,
                        cache_dtype=None if s.cache_dtype == "auto" else s.cache_dtype,
                        max_after_opening=a.max_episode_tokens - s.max_prompt_tokens,
-                       max_seqs=s.max_seqs)
+                       max_seqs=s.max_seqs, policy_version=version, switch=switch)
 
-    def collect(self, state, prompt_batch, step: int):
+    def collect(self, state, prompt_batch, step: int, later=None):
         """(rows [B, L], total reward [B], episodes, host metrics) of this step's episodes.
-        prompt_batch: {"index": [records, 1]} from `PromptData.iterator`."""
+        prompt_batch: {"index": [records, 1]} from `PromptData.iterator`. later: the next
+        policy version (module doc), used when agent.switch_turn is set."""
         t0 = time.perf_counter()
         model = self.policy(state["params"])
         indices = [int(i) for i in np.asarray(prompt_batch["index"][:, 0])]
         records = [self.prompts.records[i] for i in indices]
+        switch, version = None, step
+        if later is not None and self.a.switch_turn is not None:
+            version = later.own
+            switch = Switch(self.a.switch_turn,
+                            lambda: self.policy(later.fetch()["params"]), later.version)
         episodes = self.play(model, records, self.s.group_size,
-                             step_seed(self.cfg.train.seed, step))
+                             step_seed(self.cfg.train.seed, step), version=version,
+                             switch=switch)
         rows = episode_rows(episodes, self.s.max_prompt_tokens, self.a.max_episode_tokens,
                             self.tokenizer.pad_id)
         if self.turn_gamma is not None:  # discounts per token, agent.gamma between turns
@@ -80,6 +100,8 @@ class AgentRollouts(PolicyView):
         metrics = self.metrics(episodes, [r for r in records for _ in range(self.s.group_size)])
         if self.s.group_size > 1:  # as single-turn GRPO logs it (hone.rl.collect)
             metrics["zero_std_fraction"] = zero_std_fraction(total, self.s.group_size)
+        if switch is not None:
+            metrics.update(_version_metrics(episodes))
         metrics["rollout_s"] = time.perf_counter() - t0
         return rows, total, episodes, metrics
 
@@ -113,3 +135,12 @@ class AgentRollouts(PolicyView):
             return out
 
         return evaluate
+
+
+def _version_metrics(episodes: list[Episode]) -> dict[str, float]:
+    """The mean policy version over the episodes' model tokens and the share of episodes
+    whose tokens come from two versions."""
+    sampled = [v for ep in episodes for v in ep.versions if v >= 0]
+    spans = [len({v for v in ep.versions if v >= 0}) > 1 for ep in episodes]
+    return {"sampled_version_mean": float(np.mean(sampled)) if sampled else 0.0,
+            "partial_fraction": float(np.mean(spans)) if spans else 0.0}

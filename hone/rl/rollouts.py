@@ -6,8 +6,13 @@ object that turns the policy's current weights into training rows. Both kinds an
 
     describe()                    one line for the log: the row layout and, for episodes, turns
     policy(params)                the policy module over those weights (no copy)
-    collect(state, batch, step)   (rows, total reward [B], samples or episodes, host metrics)
+    collect(state, batch, step, later=None)
+                                  (rows, total reward [B], samples or episodes, host metrics);
+                                  later: the next policy version partial episodes go on with
+                                  (hone.train.lagged.NextVersion; a single turn never does)
     evaluator(held_out)           params -> held-out metrics (greedy), or None
+    partial                       whether its episodes go on with the next policy version
+                                  from a turn on (agent.switch_turn; the lag passes `later`)
 
 `Rollouts` (hone/rl/collect.py) samples G completions per prompt; `AgentRollouts`
 (hone/rl/episode_collect.py) plays G episodes per record on the same paged engine, each model

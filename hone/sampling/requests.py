@@ -30,7 +30,14 @@ class Request:
 
     max_new_tokens: the tokens after the prompt, all turns and appended tokens together.
     turn_tokens: the tokens one model turn may sample (None: max_new_tokens).
-    sample_limits: each sample's own max_new_tokens (<= max_new_tokens)."""
+    sample_limits: each sample's own max_new_tokens (<= max_new_tokens).
+    first_sample: sample j draws with fold_in(key, first_sample + j) (a continuation of sample
+    first_sample of an earlier request keeps its keys).
+    resume: for each sample, what it has so far (a `Sample` of an earlier run: its tokens after
+    the prompt, log-probs, model mask and turns): the sample goes on from there, its history
+    prefilled (with whatever weights this run has) and its next model turn drawn at token index
+    len(resume[j].tokens), so a sample continued this way draws the keys it would have drawn
+    had it never stopped. An asynchronous run continues an episode under new weights so."""
 
     prompt: list[int]
     max_new_tokens: int
@@ -39,6 +46,27 @@ class Request:
     policy_version: int = 0  # the weights it is to be sampled with (asynchronous RL)
     sample_limits: tuple[int, ...] | None = None
     turn_tokens: int | None = None
+    first_sample: int = 0
+    resume: "tuple[Sample, ...] | None" = None
+
+    def sample_out(self, j: int) -> "Sample":
+        """Sample j's output to extend: empty, or a copy of what `resume` gives it."""
+        if self.resume is None:
+            return Sample(policy_version=self.policy_version)
+        old = self.resume[j]
+        return Sample(tokens=list(old.tokens), logprobs=list(old.logprobs),
+                      sampling_logprobs=list(old.sampling_logprobs or [0.0] * len(old.tokens)),
+                      model_mask=list(old.model_mask), turns=old.turns,
+                      policy_version=self.policy_version)
+
+    def resume_fits(self) -> bool:
+        """Whether `resume` (if any) gives each sample a history within its budget."""
+        if self.resume is None:
+            return True
+        limits = self.sample_limits or (self.max_new_tokens,) * self.n
+        return len(self.resume) == self.n and all(
+            len(x.tokens) < limits[j] and len(x.tokens) == len(x.logprobs) == len(x.model_mask)
+            for j, x in enumerate(self.resume))
 
 
 @dataclass

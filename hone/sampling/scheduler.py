@@ -31,7 +31,8 @@ logits, so the tokens depend on the request alone, not on `max_seqs`,
 the order of admission, the other sequences in a decode batch or preemption (fp32; a preempted
 sequence's recomputed keys are those of a prefill instead of decode steps, equal to rounding).
 A request carries its key and its policy version, the two things an asynchronous RL run needs
-to reproduce a rollout.
+to reproduce a rollout. A request may continue samples of an earlier run (`Request.resume`,
+`first_sample`): their tokens so far are prefilled and they draw on with the keys they had.
 """
 
 from __future__ import annotations
@@ -111,10 +112,13 @@ class PagedEngine:
         for i, r in enumerate(requests):
             self._check(r, i)
             limits = r.sample_limits or (r.max_new_tokens,) * r.n
-            seqs = [SeqState(i, j, jax.random.fold_in(r.key, j), limits[j],
-                         Sample(policy_version=r.policy_version),
-                         turn_tokens=r.turn_tokens or r.max_new_tokens) for j in range(r.n)]
-            self.queue.append(PrefillJob(list(r.prompt), seqs))
+            seqs = [SeqState(i, j, jax.random.fold_in(r.key, r.first_sample + j), limits[j],
+                             r.sample_out(j), turn_tokens=r.turn_tokens or r.max_new_tokens)
+                    for j in range(r.n)]
+            if r.resume is None:
+                self.queue.append(PrefillJob(list(r.prompt), seqs))
+            else:  # each continued sample prefills its own history
+                self.queue.extend(PrefillJob(list(r.prompt) + s.out.tokens, [s]) for s in seqs)
         self.ready: collections.deque[PrefillJob] = collections.deque()
         while self.queue or self.ready or self.running:
             self.finished: list[SeqState] = []
@@ -152,6 +156,10 @@ class PagedEngine:
             raise InputError(f"prompt of {len(r.prompt)} tokens plus max_new_tokens "
                              f"{r.max_new_tokens} exceeds {self.max_len}",
                              key=f"requests[{i}].prompt")
+        if not r.resume_fits():
+            raise InputError("resume must give each of the n samples its tokens, log-probs "
+                             "and model mask so far, fewer tokens than its budget",
+                             key=f"requests[{i}].resume")
         if pages_for(need, self.page_size) + 1 > self.num_pages - 1:
             raise InputError(f"a page pool of {self.num_pages} pages of {self.page_size} "
                              f"slots cannot hold one sequence of {need} tokens",
@@ -410,3 +418,4 @@ class PagedEngine:
             if not host["active"][r]:
                 last = seq.out.tokens[-1]
                 self._end_turn(seq, "eos" if last in self.eos_set else "length")
+

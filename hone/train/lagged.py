@@ -13,6 +13,14 @@ rollouts read (versions s - k .. s - 1 after step s, the oldest repeated while s
 data iterator's position before the next rollout drew its prompts. A rollout in flight when the
 run stops is not saved; it is sampled again, identically, from those versions.
 
+Partial episodes (`partial=True`, agent.switch_turn): the rollout of step t may go on with the
+next version, max(t - k + 1, 0), from some turn of its episodes on. `prepare` is then called
+with `later=NextVersion(...)`, whose `fetch()` waits until that version exists: with k = 1 it
+is the state update t - 1 produces, handed over when the loop next calls `rows` (or
+`quiesce`), so the rollout's first turns overlap the update and its later turns follow it.
+Which turns use which version is fixed by the config, so the numbers still do not depend on
+timing.
+
 Faults: a rollout that raises on the background thread is run once more on the loop's thread
 from the same data position (the same numbers; logged); a second failure stops the run. A
 rollout that does not finish within `timeout_s` stops the run with `RolloutTimeout`, naming
@@ -26,6 +34,7 @@ import json
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -39,6 +48,21 @@ LAGGED_KEY = "lagged_policy"  # the checkpoint's entry of the versions the next 
 
 class RolloutTimeout(InputError):
     """A rollout did not finish in time (a hung reward, environment or sampler)."""
+
+
+class Cancelled(RuntimeError):
+    """The rollout in flight was dropped while it waited for a policy version."""
+
+
+@dataclass
+class NextVersion:
+    """What a rollout may continue its episodes with: the version after its own (`own`),
+    `version`, whose {key: state[key]} `fetch()` returns once the update that makes it has
+    run (the same as `own` while the lag is clamped at version 0)."""
+
+    own: int
+    version: int
+    fetch: Callable[[], dict]
 
 
 class _Flight:
@@ -72,13 +96,16 @@ class LaggedRollouts:
     it is to sample with. data: the loop's iterator (next, get_state, set_state)."""
 
     def __init__(self, prepare: Callable, data, lag: int, *, keys: tuple[str, ...] = ("params",),
-                 timeout_s: float | None = None, log=None):
+                 timeout_s: float | None = None, log=None, partial: bool = False):
         if lag < 1:
             raise ValueError(f"LaggedRollouts needs a lag of at least 1, got {lag}")
         self.prepare, self.data, self.lag, self.keys = prepare, data, lag, keys
         self.timeout_s = timeout_s
         self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.versions: dict[int, dict] = {}  # version -> {key: copy of state[key]}
+        self.partial = partial  # prepare(..., later=NextVersion) (module doc: partial episodes)
+        self.published = threading.Condition()  # guards versions; notified on a new one
+        self.cancelled = False  # the rollout in flight is being dropped
         self.flight: _Flight | None = None
         self.next_data_state: dict | None = None  # before the next rollout drew its prompts
 
@@ -88,17 +115,27 @@ class LaggedRollouts:
         """Begin at `step` with `state` (version `step`): fresh (saved None, step 0) or resumed
         from a checkpoint's `detach`ed versions (s - k .. s - 1, clamped at 0)."""
         self.drop()
-        self.versions = {}
-        if saved is not None:
-            for i, tree in enumerate(saved):
-                self.versions[max(step - self.lag + i, 0)] = tree
-        self.versions.setdefault(step, self._copy(state))
+        with self.published:
+            self.versions = {}
+            if saved is not None:
+                for i, tree in enumerate(saved):
+                    self.versions[max(step - self.lag + i, 0)] = tree
+        self.publish(state, step)
         self.next_data_state = None
+
+    def publish(self, state: dict, version: int) -> None:
+        """Keep `state` as `version` (a copy: the update consumes the state) for the rollouts
+        that read it, and wake one waiting for it."""
+        with self.published:
+            if version not in self.versions:
+                self.versions[version] = self._copy(state)
+                self.published.notify_all()
 
     def rows(self, state: dict, step: int) -> tuple[dict, dict]:
         """The training rows of `step` and their host metrics: the rollout in flight for it
         (waited for), else sampled now with version max(step - lag, 0)."""
         version = max(step - self.lag, 0)
+        self.publish(state, step)  # the version a partial rollout in flight may wait for
         flight, self.flight = self.flight, None
         wait_s = 0.0
         if flight is not None and flight.step == step:
@@ -115,7 +152,7 @@ class LaggedRollouts:
         elif flight is not None:  # a rollout for another step (after a rollback): not used
             self._join(flight)
         t0 = time.perf_counter()
-        batch, host = self.prepare(self.versions[version], self.data.next(), step)
+        batch, host = self._prepare(version, self.data.next(), step)
         seconds = time.perf_counter() - t0
         return batch, self._metrics(host, step, version, seconds, seconds)
 
@@ -123,17 +160,19 @@ class LaggedRollouts:
         """Before update `step` runs on `state` (version `step`): keep a copy of this version
         (the update consumes the state) and start the rollout of step + 1 with version
         step + 1 - lag."""
-        self.versions.setdefault(step, self._copy(state))
-        for v in [v for v in self.versions if v < step + 1 - self.lag]:
-            del self.versions[v]
+        self.publish(state, step)
+        with self.published:
+            for v in [v for v in self.versions if v < step + 1 - self.lag]:
+                del self.versions[v]
+            self.cancelled = False
         self.next_data_state = None
         if step + 1 >= max_steps:
             return
         self.next_data_state = self.data.get_state()
         batch = self.data.next()
-        policy = self.versions[max(step + 1 - self.lag, 0)]
+        version = max(step + 1 - self.lag, 0)
         self.flight = _Flight(step + 1, self.next_data_state,
-                              lambda: self.prepare(policy, batch, step + 1))
+                              lambda: self._prepare(version, batch, step + 1))
 
     def attach(self, state: dict, step: int) -> dict:
         """The tree a checkpoint after `step` updates saves: the state and the k versions the
@@ -159,19 +198,45 @@ class LaggedRollouts:
             return self.next_data_state
         return self.data.get_state()
 
-    def quiesce(self) -> None:
-        """Let the rollout in flight finish (its result is kept): before work that must not
-        overlap it, like a greedy evaluation."""
+    def quiesce(self, state: dict, step: int) -> None:
+        """Let the rollout in flight finish (its result is kept), given `state` (version
+        `step`, which it may wait for): before work that must not overlap it, like a greedy
+        evaluation."""
+        self.publish(state, step)
         if self.flight is not None:
             self._join(self.flight)
 
     def drop(self) -> None:
-        """Finish and forget the rollout in flight (a rollback or restore follows)."""
+        """Finish and forget the rollout in flight (a rollback or restore follows); one
+        waiting for a version that will not come stops (`Cancelled`)."""
         if self.flight is not None:
+            with self.published:
+                self.cancelled = True
+                self.published.notify_all()
             self._join(self.flight)
             self.flight = None
 
     # -- internals ----------------------------------------------------------------------------
+
+    def _prepare(self, version: int, batch, step: int):
+        """The recipe's rollout of `step` with `version` (and, for partial episodes, the next
+        version to continue with)."""
+        with self.published:
+            policy = self.versions[version]
+        if not self.partial:
+            return self.prepare(policy, batch, step)
+        later = max(step - self.lag + 1, 0)
+        return self.prepare(policy, batch, step,
+                            later=NextVersion(version, later, lambda: self._wait_for(later)))
+
+    def _wait_for(self, version: int) -> dict:
+        with self.published:
+            while version not in self.versions:
+                if self.cancelled:
+                    raise Cancelled(f"policy version {version} will not come: the rollout "
+                                    f"waiting for it was dropped")
+                self.published.wait()
+            return self.versions[version]
 
     def _copy(self, state: dict) -> dict:
         # Fresh buffers: the update donates (and so invalidates) the state's own.
@@ -188,7 +253,8 @@ class LaggedRollouts:
     @staticmethod
     def _metrics(host: dict, step: int, version: int, seconds: float, wait_s: float) -> dict:
         host = dict(host)
-        host["policy_lag"] = float(step - version)
+        # Partial episodes say which versions sampled their tokens (mean over them).
+        host["policy_lag"] = float(step - host.pop("sampled_version_mean", version))
         host["rollout_s"] = float(seconds)  # the rollout's own wall time, start to finish
         host["rollout_wait_s"] = float(wait_s)  # what the step waited for it
         host["overlap_s"] = max(float(seconds) - float(wait_s), 0.0)
@@ -220,10 +286,12 @@ def check_saved_lag(step_dir: Path, lag: int) -> None:
             f"a new run_dir", key="max_staleness")
 
 
-def lagged(section, prepare: Callable, data, *, keys: tuple[str, ...] = ("params",), log=None):
+def lagged(section, prepare: Callable, data, *, keys: tuple[str, ...] = ("params",), log=None,
+           partial: bool = False):
     """The run's `LoopSpec.lag`: LaggedRollouts when the RL section asks for a policy lag
-    (`max_staleness` > 0), else None (the rollout waits for the update)."""
+    (`max_staleness` > 0), else None (the rollout waits for the update). partial: episodes go
+    on with the next version (agent.switch_turn)."""
     if not section.max_staleness:
         return None
     return LaggedRollouts(prepare, data, section.max_staleness, keys=keys,
-                          timeout_s=section.rollout_timeout_s, log=log)
+                          timeout_s=section.rollout_timeout_s, log=log, partial=partial)

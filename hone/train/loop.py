@@ -242,7 +242,7 @@ def run_loop(spec: LoopSpec, cfg, run_dir: Path) -> dict[str, Any]:
                     or step == train.max_steps)
                 if evaluate:
                     if lag is not None:  # greedy evaluation does not overlap a rollout
-                        lag.quiesce()
+                        lag.quiesce(state, step)
                     row.update(spec.eval_fn(state["params"]))
                     window_t0 = time.perf_counter()  # evaluation time is not training time
                 if row:

@@ -3,7 +3,11 @@ model's turns end early, and the examples it plays."""
 
 from __future__ import annotations
 
+import os
+import signal
+
 from hone.agents import Step
+from hone.agents.tasks import GuessNumber
 
 # A random tiny model almost never samples <|im_end|>: ending a turn on any of these 40 byte
 # ids gives turns of varied lengths (rows that end early leave gaps in the lockstep cache).
@@ -34,3 +38,17 @@ class Counter:
 
 EXAMPLES = [{"prompt": "Count with me.", "turns": 1}, {"prompt": "Two, please", "turns": 2},
             {"prompt": "3", "turns": 3}, {"prompt": "Four turns now, go.", "turns": 4}]
+
+
+
+class StopsOnReset(GuessNumber):
+    """The guess-the-number game that sends SIGTERM to this process on the chosen reset call
+    (1-based, counted over the process): a preemption in the middle of an agent rollout."""
+
+    AT = {"at": None, "calls": 0}
+
+    def reset(self, example):
+        StopsOnReset.AT["calls"] += 1
+        if StopsOnReset.AT["at"] == StopsOnReset.AT["calls"]:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().reset(example)

@@ -17,6 +17,7 @@ import pytest
 from hone.config import GRPOConfig, PPOConfig, load_config
 from hone.errors import InputError
 from hone.losses.rl import gae, gae_over_mask
+from hone.recipes.grpo import run_grpo
 from hone.recipes.ppo import run_ppo
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,3 +99,37 @@ def test_the_cli_exits_with_code_2_on_an_environment_that_is_not_one(tmp_path):
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "agent.environment" in out.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_partial_episodes_resume_exactly_with_a_rollout_in_flight(tmp_path):
+    """max_staleness 1 with agent.switch_turn 1: each rollout's first turns use the version
+    before, its later turns wait for the update beside it; a SIGTERM during step 2's rollout
+    (on its thread) resumes to the numbers of a run never stopped."""
+    from hone.train.loop import Interrupted
+    from scripted import StopsOnReset
+
+    def run(name, at):
+        StopsOnReset.AT.update(at=at, calls=0)
+        cfg = load_config(GRPOConfig, str(ROOT / "configs/tiny/agent_grpo.yaml"), [
+            f"run_dir={tmp_path / name}", "log.sinks=[jsonl]", "train.max_steps=4",
+            "data.eval_path=null", "checkpoint.every_steps=100", "grpo.max_staleness=1",
+            "agent.switch_turn=1", "agent.environment=scripted:StopsOnReset"])
+        return run_grpo(cfg, log=lambda s: None)
+
+    _, straight, _ = run("straight", None)
+    with pytest.raises(Interrupted):
+        run("stopped", 2 * 8 + 3)  # 8 episodes a rollout: the 3rd reset of rollout 2's
+    # Rollout 2 (0-based) starts beside update 1: the run stops after it, saved at step 2,
+    # and the rollout in flight (waiting for version 2) is dropped and sampled again.
+    assert sorted(p.name for p in (tmp_path / "stopped" / "checkpoints").iterdir()) == ["2"]
+    _, resumed, _ = run("stopped", None)
+    timing = ("rollout_s", "update_s", "tokens_per_s", "step_s", "rollout_wait_s", "overlap_s")
+    clean = lambda d: [{k: v for k, v in r.items() if k not in timing}  # noqa: E731
+                       for r in rows(tmp_path / d)]
+    assert clean("stopped") == clean("straight")
+    for k in straight["params"]:
+        assert np.array_equal(np.asarray(straight["params"][k]), np.asarray(resumed["params"][k]))
+    m = rows(tmp_path / "straight")
+    assert any(r["partial_fraction"] > 0 for r in m[1:])  # episodes that spanned two versions
+    assert all(0.0 <= r["policy_lag"] <= 1.0 for r in m)
+    assert any(0.0 < r["policy_lag"] < 1.0 for r in m)  # mixed: a version and the next

@@ -113,8 +113,8 @@ def test_a_checkpoint_holds_what_resumes_the_same_rollouts(lag):
     data = Data()
     first, lagged = run(lag, 6, reads, data=data, until=3)  # saved after 3 updates
     assert lagged.flight is not None and lagged.flight.step == 3  # step 3's rollout in flight
-    lagged.quiesce()
     state = {"params": {"w": jnp.asarray(3.0)}}
+    lagged.quiesce(state, 3)
     tree = lagged.attach(state, 3)
     assert jnp.shape(tree[LAGGED_KEY][0]["params"]["w"]) == ()
     like = lagged.like(state)
@@ -152,3 +152,57 @@ def test_a_checkpoint_of_another_lag_is_refused_before_restoring(saved, asked, t
                                          f"asks for {asked}"):
         check_saved_lag(tmp_path / "3", asked)
     assert saved_lag(tmp_path / "missing") is None
+
+
+def reads_later(policy, batch, step, later):
+    """A partial rollout: its first turns with `policy`, the rest with the next version."""
+    return {"version": float(policy["params"]["w"]), "own": later.own, "next": later.version,
+            "later": float(later.fetch()["params"]["w"]), "step": step}, {}
+
+
+@pytest.mark.parametrize("lag", [1, 2])
+def test_a_partial_rollout_goes_on_with_the_version_after_its_own(lag):
+    out, _ = run(lag, 6, reads_later, partial=True)
+    for t, (rows, _) in enumerate(out):
+        own, nxt = max(t - lag, 0), max(t - lag + 1, 0)
+        assert (rows["version"], rows["own"], rows["next"], rows["later"]) == (own, own, nxt, nxt)
+
+
+def test_with_lag_one_the_next_version_is_the_update_running_beside_the_rollout():
+    asked, got = threading.Event(), []
+
+    def partial(policy, batch, step, later):
+        if step == 1:
+            asked.set()
+        got.append(float(later.fetch()["params"]["w"]))
+        return {}, {}
+
+    lagged = LaggedRollouts(partial, Data(), 1, log=lambda m: None, partial=True)
+    state = {"params": {"w": jnp.asarray(0.0)}}
+    lagged.start(state, 0)
+    lagged.rows(state, 0)
+    lagged.launch(state, 0, 3)
+    assert asked.wait(5)
+    time.sleep(0.2)
+    assert got == [0.0]  # step 0's own (clamped); step 1's waits for update 0
+    lagged.rows({"params": {"w": jnp.asarray(1.0)}}, 1)  # update 0 done: version 1 handed over
+    assert got == [0.0, 1.0]
+
+
+def test_dropping_a_rollout_that_waits_for_a_version_does_not_hang():
+    waiting = threading.Event()
+
+    def partial(policy, batch, step, later):
+        waiting.set()
+        later.fetch()
+        return {}, {}
+
+    lagged = LaggedRollouts(partial, Data(), 1, log=lambda m: None, partial=True, timeout_s=5)
+    state = {"params": {"w": jnp.asarray(0.0)}}
+    lagged.start(state, 1, [{"params": {"w": jnp.asarray(0.0)}}])
+    lagged.launch(state, 1, 4)  # step 2's rollout waits for version 2
+    assert waiting.wait(5)
+    t0 = time.perf_counter()
+    lagged.drop()  # a rollback: the version it waits for never comes
+    assert time.perf_counter() - t0 < 2 and lagged.flight is None
+    lagged.quiesce(state, 1)  # nothing in flight: returns

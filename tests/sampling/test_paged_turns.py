@@ -79,3 +79,31 @@ def test_episodes_do_not_depend_on_max_seqs_or_preemption(tiny):
         if "num_pages" in engine:
             assert eng.stats["preempted"] > 0
         assert eng.alloc.used == 0
+
+
+def test_a_continued_sample_draws_what_it_would_have_drawn_without_stopping(tiny):
+    """Request.resume + first_sample: sample j of a request, stopped after k tokens and
+    continued (its history prefilled again), ends with the tokens of the uninterrupted run."""
+    prompts = mixed_prompts()[:3]
+    whole, _, _ = play(tiny, prompts, turns=0)  # single turns of up to 6 tokens
+    key = jax.random.key(11)
+    later, where = [], []
+    for i, p in enumerate(prompts):
+        for j, s in enumerate(whole[i]):
+            k = len(s.tokens) // 2
+            if k == 0:
+                continue
+            so_far = hone.sampling.requests.Sample(tokens=s.tokens[:k], logprobs=s.logprobs[:k],
+                                                   model_mask=s.model_mask[:k])
+            later.append(Request(p, 40, jax.random.fold_in(key, i), turn_tokens=6 - k,
+                                 first_sample=j, resume=(so_far,)))
+            where.append((i, j, k))
+    assert len(where) >= 4
+    out = PagedEngine(tiny, page_size=4, max_seqs=2).run(later, temperature=1.0, eos_ids=(5,))
+    for (i, j, k), (s,) in zip(where, out):
+        assert s.tokens == whole[i][j].tokens
+        np.testing.assert_allclose(s.logprobs[k:], whole[i][j].logprobs[k:], atol=TOL)
+    with pytest.raises(hone.errors.InputError, match="resume"):
+        PagedEngine(tiny, page_size=4).run([Request(prompts[0], 3, key, resume=(
+            hone.sampling.requests.Sample(tokens=[1, 2, 3], logprobs=[0.0] * 3,
+                                          model_mask=[1] * 3),))])

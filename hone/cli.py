@@ -98,6 +98,29 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    """An OpenAI-compatible chat-completions server on the rollout engine (hone/serve/)."""
+    from hone.serve import Server
+    if args.run is not None:
+        from hone.export import load_run_model
+        model, tokenizer, _ = load_run_model(args.run)
+    else:
+        from hone.tokenizer import load_tokenizer
+        from hone.weights.loading import load_model
+        model, tokenizer = load_model(args.model), load_tokenizer(args.model)
+    server = Server(model, tokenizer, name=args.name or args.run or args.model, host=args.host,
+                    port=args.port, seed=args.seed, max_seqs=args.max_seqs, max_len=args.max_len)
+    print(f"serving {server.name} at {server.url} (POST /chat/completions, GET /models)",
+          flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+    return 0
+
+
 def cmd_eval(args) -> int:
     """perplexity, accuracy, pairs, compare: see hone/eval/command.py."""
     from hone.eval.command import run_eval
@@ -170,6 +193,28 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     gen.set_defaults(func=cmd_generate)
+
+    srv = sub.add_parser("serve", help="serve a model over an OpenAI-compatible "
+                         "/v1/chat/completions", description="An OpenAI-compatible server "
+                         "(chat completions with tools and streaming) on the rollout engine; "
+                         "every choice also carries the sampled token ids and log-probs "
+                         "(`hone`).\n\nexamples:\n"
+                         "  hone serve --model smollm2-135m-instruct --port 8000\n"
+                         "  hone serve --run runs/demo",
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    what = srv.add_mutually_exclusive_group(required=True)
+    what.add_argument("--model", help="a Hugging Face folder, a .gguf file or a preset name")
+    what.add_argument("--run", help="a run folder: its newest checkpoint's model")
+    srv.add_argument("--host", default="127.0.0.1", help="no authentication: keep it local")
+    srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument("--name", default=None, help="the model id clients see (default: the "
+                     "--model or --run given)")
+    srv.add_argument("--max-seqs", type=int, default=8, help="sequences decoding at once")
+    srv.add_argument("--max-len", type=int, default=2048,
+                     help="tokens of one conversation at most (prompt and reply)")
+    srv.add_argument("--seed", type=int, default=0,
+                     help="keys of requests that give no seed of their own")
+    srv.set_defaults(func=cmd_serve)
 
     _add_train_command(sub, "sft", cmd_train, "Supervised fine-tuning (full, LoRA or QLoRA)")
     _add_train_command(sub, "dpo", cmd_train,

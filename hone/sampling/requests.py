@@ -18,7 +18,7 @@ tokens queued for its pages.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
 import jax
 import numpy as np
@@ -103,6 +103,26 @@ class Turn:
 
 
 TurnCallback = Callable[[Turn], "list[int] | None"]
+
+
+class Feed(Protocol):
+    """Requests that keep arriving while the engine runs (a server): `PagedEngine.run(feed=)`.
+
+    poll(wait) -> [(index, Request)], [] or None: the requests that arrived, each with an index
+    the feed chose (unique while it runs); wait: nothing runs, so block until one arrives (a
+    short wait is fine too); None: closed, the run ends once nothing runs.
+    tokens(index, sample, tokens, logprobs): a sample's new sampled tokens, as they come.
+    finished(index, sample, Sample): a sample is done.
+    refused(index, error): a request the engine cannot hold (its InputError)."""
+
+    def poll(self, wait: bool) -> "list[tuple[int, Request]] | None": ...
+
+    def tokens(self, index: int, sample: int, tokens: list[int], logprobs: list[float]) -> None:
+        ...
+
+    def finished(self, index: int, sample: int, out: Sample) -> None: ...
+
+    def refused(self, index: int, error: Exception) -> None: ...
 
 
 @dataclass

@@ -87,9 +87,14 @@ class PagedEngine:
     # ---- the loop ----------------------------------------------------------------------------
     def run(self, requests: list[Request], *, temperature: float = 1.0, top_k: int | None = None,
             top_p: float | None = None, eos_ids=(),
-            on_turn: TurnCallback | None = None) -> list[list[Sample]]:
+            on_turn: TurnCallback | None = None, feed=None) -> list[list[Sample]]:
         """Every request's n samples, request by request. on_turn: called when a sample's
-        model turn ends (hone.sampling.requests); None: every sample is one turn."""
+        model turn ends (hone.sampling.requests); None: every sample is one turn.
+
+        feed: requests that keep arriving (a server; hone.sampling.requests.Feed): polled every
+        turn of the loop (waiting when nothing runs) until it says it is closed; it is told each
+        sample's new tokens as they come and each finished sample, and `run` returns [] (the
+        samples went to the feed)."""
         model = self.model
         self.mode = SamplingMode(greedy=temperature == 0.0, top_k=top_k,
                                  use_top_p=top_p is not None)
@@ -97,7 +102,8 @@ class PagedEngine:
         self.top_p = jnp.float32(top_p if top_p is not None else 1.0)
         self.eos = jnp.asarray(list(eos_ids) or [-1], jnp.int32)
         self.eos_set = {int(e) for e in eos_ids}
-        self.prompts = [list(r.prompt) for r in requests]
+        self.prompts: dict[int, list[int]] = {}
+        self.feed, self.unfinished = feed, collections.Counter()  # request -> samples to go
         self.on_turn = on_turn
         self.graphdef, self.params = split_for_sampling(model)
         self.packed = pack_weights(self.graphdef, self.params)
@@ -107,20 +113,20 @@ class PagedEngine:
         self.stats = collections.Counter()
         self.running: list[SeqState] = []  # in admission order
         self.admitted = 0
-        results = [[None] * r.n for r in requests]
+        results = [[None] * r.n for r in requests] if feed is None else []
         self.queue: collections.deque[PrefillJob] = collections.deque()
         for i, r in enumerate(requests):
             self._check(r, i)
-            limits = r.sample_limits or (r.max_new_tokens,) * r.n
-            seqs = [SeqState(i, j, jax.random.fold_in(r.key, r.first_sample + j), limits[j],
-                             r.sample_out(j), turn_tokens=r.turn_tokens or r.max_new_tokens)
-                    for j in range(r.n)]
-            if r.resume is None:
-                self.queue.append(PrefillJob(list(r.prompt), seqs))
-            else:  # each continued sample prefills its own history
-                self.queue.extend(PrefillJob(list(r.prompt) + s.out.tokens, [s]) for s in seqs)
+        for i, r in enumerate(requests):
+            self._admit(r, i)
         self.ready: collections.deque[PrefillJob] = collections.deque()
-        while self.queue or self.ready or self.running:
+        while True:
+            if feed is not None and not self._intake(feed):
+                break  # closed, nothing left
+            if not self._busy():
+                if feed is None:
+                    break
+                continue  # waited for the feed in vain
             self.finished: list[SeqState] = []
             moved = self._fork()
             while self.queue and self._unclaimed() > 0:
@@ -136,9 +142,46 @@ class PagedEngine:
                 raise InputError("the page pool is too small for the sequences it must hold "
                                  "at once", key="num_pages")
             for seq in self.finished:
-                results[seq.request][seq.sample] = seq.out
+                self.unfinished[seq.request] -= 1
+                if not self.unfinished[seq.request]:
+                    del self.unfinished[seq.request], self.prompts[seq.request]
+                if feed is None:
+                    results[seq.request][seq.sample] = seq.out
+                else:
+                    feed.finished(seq.request, seq.sample, seq.out)
         self.stats["peak_pages"] = self.alloc.peak
         return results
+
+    def _busy(self) -> bool:
+        return bool(self.queue or self.ready or self.running)
+
+    def _admit(self, r: Request, i: int) -> None:
+        """Queue request i's prompt (or, continuing samples, each one's history)."""
+        self.prompts[i] = list(r.prompt)
+        self.unfinished[i] = r.n
+        limits = r.sample_limits or (r.max_new_tokens,) * r.n
+        seqs = [SeqState(i, j, jax.random.fold_in(r.key, r.first_sample + j), limits[j],
+                         r.sample_out(j), turn_tokens=r.turn_tokens or r.max_new_tokens)
+                for j in range(r.n)]
+        if r.resume is None:
+            self.queue.append(PrefillJob(list(r.prompt), seqs))
+        else:  # each continued sample prefills its own history
+            self.queue.extend(PrefillJob(list(r.prompt) + s.out.tokens, [s]) for s in seqs)
+
+    def _intake(self, feed) -> bool:
+        """Take the feed's new requests (waiting for some when nothing runs); False once it
+        is closed and nothing runs. A request the engine cannot hold is refused to the feed."""
+        new = feed.poll(wait=not self._busy())
+        if new is None:
+            return self._busy()
+        for index, r in new:
+            try:
+                self._check(r, index)
+            except InputError as e:
+                feed.refused(index, e)
+                continue
+            self._admit(r, index)
+        return True
 
     def _check(self, r: Request, i: int) -> None:
         if not r.prompt:
@@ -255,6 +298,8 @@ class PagedEngine:
                     seq.out.logprobs.append(lp)
                     seq.out.sampling_logprobs.append(slp)
                     seq.out.model_mask.append(1)
+                    if self.feed is not None:
+                        self.feed.tokens(seq.request, seq.sample, [token], [lp])
                 self._start(seq, token, group.end)
             group.samples = group.samples[len(seqs):]
             if not group.samples:
@@ -414,6 +459,9 @@ class PagedEngine:
             seq.out.logprobs += out["logprobs"][r][emitted].tolist()
             seq.out.sampling_logprobs += out["sampling_logprobs"][r][emitted].tolist()
             seq.out.model_mask += [1] * int(emitted.sum())
+            if self.feed is not None and emitted.any():
+                self.feed.tokens(seq.request, seq.sample, seq.out.tokens[-int(emitted.sum()):],
+                                 seq.out.logprobs[-int(emitted.sum()):])
             seq.last, seq.length = int(host["last"][r]), int(host["length"][r])
             if not host["active"][r]:
                 last = seq.out.tokens[-1]

@@ -92,9 +92,13 @@ def cmd_pipeline(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from hone.export import export_run
-    out = export_run(args.run, args.out, args.format)
-    print(f"exported {args.run} -> {out} ({args.format})")
+    from hone.export import export_model, export_run
+    if args.run is not None:
+        out = export_run(args.run, args.out, args.format, args.quant)
+    else:
+        out = export_model(args.model, args.out, args.format, args.quant)
+    kind = args.format + (f", {args.quant}" if args.quant else "")
+    print(f"exported {args.run or args.model} -> {out} ({kind})")
     return 0
 
 
@@ -229,17 +233,28 @@ def build_parser() -> argparse.ArgumentParser:
                        "logits (online, cached top-k), attention, features, sequence-level, "
                        "on-policy (GKD)")
 
-    exp = sub.add_parser("export", help="write a run's trained model as a Hugging Face folder "
-                         "or a PEFT adapter",
-                         description="Export the newest checkpoint of a run.\n\nexamples:\n"
+    exp = sub.add_parser("export", help="write a run's trained model as a Hugging Face folder, "
+                         "a PEFT adapter or a GGUF file",
+                         description="Export the newest checkpoint of a run (or any model).\n\n"
+                         "examples:\n"
                          "  hone export --run runs/tiny-sft --out exported/\n"
-                         "  hone export --run runs/smollm2-sft-lora --out adapter/ --format peft",
+                         "  hone export --run runs/smollm2-sft-lora --out adapter/ --format peft\n"
+                         "  hone export --run runs/demo --out model.gguf --format gguf "
+                         "--quant q8_0\n"
+                         "  hone export --model smollm2-135m-instruct --out smol.gguf "
+                         "--format gguf --quant q4_k_m",
                          formatter_class=argparse.RawDescriptionHelpFormatter)
-    exp.add_argument("--run", required=True, help="the run folder (run_dir of the config)")
-    exp.add_argument("--out", required=True, help="the folder to write")
-    exp.add_argument("--format", default="hf", choices=["hf", "peft"],
+    what = exp.add_mutually_exclusive_group(required=True)
+    what.add_argument("--run", help="the run folder (run_dir of the config)")
+    what.add_argument("--model", help="any model source load_model takes (a preset, a shipped "
+                      "model, a Hugging Face folder, a .gguf file)")
+    exp.add_argument("--out", required=True, help="the folder (hf, peft) or .gguf file to write")
+    exp.add_argument("--format", default="hf", choices=["hf", "peft", "gguf"],
                      help="hf: merged weights transformers loads as-is (default); "
-                     "peft: adapter_config.json + adapter_model.safetensors")
+                     "peft: adapter_config.json + adapter_model.safetensors; "
+                     "gguf: one llama.cpp file, adapters merged, tokenizer embedded")
+    exp.add_argument("--quant", default=None,
+                     help="GGUF tensor type: f32 (default), f16, bf16, q8_0, q4_k_m")
     exp.set_defaults(func=cmd_export)
 
     rep = sub.add_parser("report", help="plot a run's metrics: PNGs and a self-contained HTML "

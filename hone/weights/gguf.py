@@ -8,9 +8,10 @@ directory, bounds checks) is parsed by `hone.weights.gguf_format`; `shipped_gguf
 `hone.weights.shipped` and is re-exported here.
 
 Design choices:
-- Architectures "llama" (SmolLM2, Llama) and "gemma3", and the mixture-of-experts "qwen3moe",
-  "qwen2moe" and Mixtral ("llama" with `llama.expert_count`), whose config keys, tensor names and
-  stacked expert tensors `hone.weights.gguf_moe` owns. Anything else is refused by name rather
+- Architectures "llama" (SmolLM2, Llama), "qwen2", "qwen3", "gemma", "gemma2" and "gemma3", and
+  the mixture-of-experts "qwen3moe", "qwen2moe" and Mixtral ("llama" with `llama.expert_count`),
+  whose config keys, tensor names and stacked expert tensors `hone.weights.gguf_moe` owns.
+  `hf_names` is public: the writer (`hone.weights.gguf_write`) inverts the same table. Anything else is refused by name rather
   than loaded half-right: a wrong tensor layout gives a model that runs and talks nonsense.
 - Vocabulary string arrays are not decoded here (the tokenizer reads them): `open_gguf` skips them.
 - Dequantization is `gguf.quants.dequantize`, the code transformers' own GGUF loader calls, so
@@ -40,7 +41,15 @@ from hone.weights import gguf_moe
 from hone.weights.gguf_format import GGUFFile, TensorInfo, meta_value, open_gguf
 from hone.weights.shipped import SHIPPED_MODELS, shipped_gguf_path
 
-__all__ = ["SHIPPED_MODELS", "read_gguf", "shipped_gguf_path"]
+__all__ = ["DENSE_ARCHS", "SHIPPED_MODELS", "hf_config", "hf_names", "read_gguf", "shipped_gguf_path"]
+
+# llama.cpp architecture -> HF model_type of the dense families read here
+DENSE_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma",
+               "gemma2": "gemma2", "gemma3": "gemma3_text"}
+_GEMMA_ARCHS = ("gemma", "gemma2", "gemma3")
+_HF_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+               "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM",
+               "gemma2": "Gemma2ForCausalLM"}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -49,9 +58,10 @@ __all__ = ["SHIPPED_MODELS", "read_gguf", "shipped_gguf_path"]
 
 
 
-def _hf_config(arch: str, meta: dict[str, Any], infos: dict[str, TensorInfo],
-               path: Path) -> dict[str, Any]:
-    """The HF `config.json` dict this GGUF file corresponds to."""
+def hf_config(arch: str, meta: dict[str, Any], infos: dict[str, TensorInfo],
+              path: Path) -> dict[str, Any]:
+    """The HF `config.json` dict a GGUF file with this metadata and tensor directory holds
+    (public: the writer checks its own header with it before writing)."""
     p = f"{arch}."
     if "token_embd.weight" not in infos:
         raise InputError("the file has no 'token_embd.weight' tensor", path=str(path))
@@ -116,9 +126,27 @@ def _hf_config(arch: str, meta: dict[str, Any], infos: dict[str, TensorInfo],
     if gguf_moe.is_moe(arch, meta):
         config.update(gguf_moe.moe_config(arch, meta, infos, path, config))
         return config
-    if arch == "llama":
-        config.update(model_type="llama", architectures=["LlamaForCausalLM"], hidden_act="silu",
-                      mlp_bias=False)
+    if arch in _HF_CLASSES:
+        config.update(model_type=DENSE_ARCHS[arch], architectures=[_HF_CLASSES[arch]])
+        if arch in ("gemma", "gemma2"):
+            config["hidden_activation"] = "gelu_pytorch_tanh"
+        elif arch == "llama":
+            config.update(hidden_act="silu", mlp_bias=False)
+        else:  # qwen2 (q/k/v biases), qwen3
+            config.update(hidden_act="silu", use_sliding_window=False,
+                          attention_bias=arch == "qwen2")
+        if arch == "gemma2":  # llama.cpp: even layers slide; the 27B (46 layers) scales by D/N
+            config.update(
+                sliding_window=meta_value(meta, p + "attention.sliding_window", path,
+                                          positive=True),
+                layer_types=["sliding_attention" if i % 2 == 0 else "full_attention"
+                             for i in range(config["num_hidden_layers"])],
+                query_pre_attn_scalar=(hidden // heads) if config["num_hidden_layers"] == 46
+                else head_dim,
+                attn_logit_softcapping=meta_value(meta, p + "attn_logit_softcapping", path,
+                                                  default=None, kind=float),
+                final_logit_softcapping=meta_value(meta, p + "final_logit_softcapping", path,
+                                                   default=None, kind=float))
         return config
 
     # gemma3
@@ -173,7 +201,7 @@ def _rope_scaling(meta: dict[str, Any], p: str, infos: dict[str, TensorInfo],
 # Tensors
 
 
-def _hf_names(arch: str, config: dict[str, Any]) -> dict[str, str]:
+def hf_names(arch: str, config: dict[str, Any]) -> dict[str, str]:
     """GGUF tensor name -> HF parameter name, for every tensor the architecture has."""
     n_layers = config["num_hidden_layers"]
     names = {"token_embd.weight": "model.embed_tokens.weight",
@@ -185,15 +213,18 @@ def _hf_names(arch: str, config: dict[str, Any]) -> dict[str, str]:
         "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
         "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
     }
-    if arch != "gemma3":
+    if arch == "qwen3":
+        per_layer.update(attn_q_norm="self_attn.q_norm", attn_k_norm="self_attn.k_norm")
+    if arch not in ("gemma2", "gemma3"):
         per_layer["ffn_norm"] = "post_attention_layernorm"
     else:
         # Gemma 3 norms around both sub-blocks. Note the name shift: llama.cpp's "ffn_norm" is
         # the norm *before* the MLP, and its "post_attention_norm" is HF's post_attention_layernorm.
         per_layer.update(post_attention_norm="post_attention_layernorm",
                          ffn_norm="pre_feedforward_layernorm",
-                         post_ffw_norm="post_feedforward_layernorm",
-                         attn_q_norm="self_attn.q_norm", attn_k_norm="self_attn.k_norm")
+                         post_ffw_norm="post_feedforward_layernorm")
+        if arch == "gemma3":
+            per_layer.update(attn_q_norm="self_attn.q_norm", attn_k_norm="self_attn.k_norm")
     if gguf_moe.num_experts(config):
         names.update(gguf_moe.moe_names(config))
     for i in range(n_layers):
@@ -201,6 +232,9 @@ def _hf_names(arch: str, config: dict[str, Any]) -> dict[str, str]:
         for g, h in per_layer.items():
             if not (routed and g in ("ffn_gate", "ffn_up", "ffn_down")):
                 names[f"blk.{i}.{g}.weight"] = f"model.layers.{i}.{h}.weight"
+        if arch == "qwen2":
+            for x in "qkv":
+                names[f"blk.{i}.attn_{x}.bias"] = f"model.layers.{i}.self_attn.{x}_proj.bias"
     return names
 
 
@@ -218,9 +252,12 @@ def _hf_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         "self_attn.v_proj": (k * h, d), "self_attn.o_proj": (d, n * h),
         "mlp.gate_proj": (f, d), "mlp.up_proj": (f, d), "mlp.down_proj": (d, f),
     }
+    biases = {"q_proj": (n * h,), "k_proj": (k * h,), "v_proj": (k * h,)}
     for i in range(config["num_hidden_layers"]):
         for name, shape in per_layer.items():
             shapes[f"model.layers.{i}.{name}.weight"] = shape
+        for x, shape in biases.items():
+            shapes[f"model.layers.{i}.self_attn.{x}.bias"] = shape
     if gguf_moe.num_experts(config):
         shapes.update(gguf_moe.moe_shapes(config))
     return shapes
@@ -251,7 +288,8 @@ def _can_dequantize(qtype: GGMLQuantizationType) -> bool:
 
 def read_gguf(path: str | os.PathLike, dtype: Any = np.float32
               ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Read a llama, gemma3, qwen3moe or qwen2moe GGUF file (Mixtral's too) as
+    """Read a llama, qwen2, qwen3, gemma, gemma2, gemma3, qwen3moe or qwen2moe GGUF file
+    (Mixtral's too) as
     `(hf_config, {hf_name: array of dtype})`.
 
     Quantized tensors are dequantized; shapes follow HF ([out, in] for projections, one tensor
@@ -272,13 +310,14 @@ def _convert(file: GGUFFile, dtype: np.dtype) -> tuple[dict[str, Any], dict[str,
         raise InputError("big-endian GGUF files are not supported; convert the model again on "
                          "a little-endian machine", path=str(path))
     arch = meta.get("general.architecture")
-    known = ("llama", "gemma3", *gguf_moe.MOE_ARCHS)
+    known = (*DENSE_ARCHS, *gguf_moe.MOE_ARCHS)
     if not isinstance(arch, str) or arch not in known:  # (an array compares per item)
         raise InputError(f"architecture {arch!r} is not supported; this reader knows 'llama' "
-                         f"(Llama, SmolLM2, Mixtral), 'gemma3', 'qwen3moe' and 'qwen2moe'",
+                         f"(Llama, SmolLM2, Mixtral), 'qwen2', 'qwen3', 'gemma', 'gemma2', "
+                         f"'gemma3', 'qwen3moe' and 'qwen2moe'",
                          path=str(path), key="general.architecture")
-    config = _hf_config(arch, meta, infos, path)
-    names = _hf_names(arch, config)
+    config = hf_config(arch, meta, infos, path)
+    names = hf_names(arch, config)
     shapes = _hf_shapes(config)
 
     unknown = sorted(set(infos) - set(names))
@@ -310,7 +349,7 @@ def _convert(file: GGUFFile, dtype: np.dtype) -> tuple[dict[str, Any], dict[str,
             n = config["num_attention_heads"] if "attn_q" in gname else config[
                 "num_key_value_heads"]
             values = _unpermute_rotary(values, n)
-        elif arch == "gemma3" and gname.endswith("norm.weight"):
+        elif arch in _GEMMA_ARCHS and gname.endswith("norm.weight"):
             # Gemma computes x * (1 + w); llama.cpp stores 1 + w so its kernel can multiply by
             # the weight alone. All six Gemma 3 norms carry the offset, q_norm/k_norm included:
             # on the shipped 270M, loss on English prose is 1.94 nats with all shifted, 3.08 with

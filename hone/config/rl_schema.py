@@ -137,9 +137,18 @@ class AgentSection:
     # None = every turn of a rollout with one version.
     switch_turn: int | None = field(default=None, metadata={"min": 1})
 
+    # An environment that runs as an outside process and drives the policy through an
+    # OpenAI-compatible endpoint (hone serve): the command (split like a shell's) is run once
+    # per rollout with HONE_BASE_URL and HONE_MODEL set, reads one JSON task a line on stdin
+    # ({"episode", "example", "seed"}) and writes {"episode", "reward"} lines to stdout; the
+    # episodes' tokens are the server's, exactly as sampled. See docs/guides/agents.md.
+    endpoint: str | None = None
+    # Seconds one rollout's endpoint process may run before it is killed.
+    endpoint_timeout_s: float = field(default=600.0, metadata={"gt": 0.0})
+
     @property
     def enabled(self) -> bool:
-        return self.environment is not None or bool(self.tools)
+        return self.environment is not None or bool(self.tools) or self.endpoint is not None
 
 
 @dataclass(frozen=True)
@@ -287,6 +296,11 @@ class RLConfig(TrainConfig):
                              f"the weights never change during a rollout) and a turn below "
                              f"agent.max_turns ({a.max_turns}), got {a.switch_turn}",
                              key="agent.switch_turn")
+        if a.endpoint is not None and (a.environment is not None or a.tools
+                                       or a.switch_turn is not None):
+            raise InputError("an endpoint process is the environment: give no agent.environment "
+                             "or agent.tools beside it (and no switch_turn: its episodes run "
+                             "with one version)", key="agent.endpoint")
         if a.environment is not None and a.tools:
             raise InputError("give an environment or tools, not both (an environment brings "
                              "its own tools)", key="agent.tools")

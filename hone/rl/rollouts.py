@@ -16,9 +16,10 @@ object that turns the policy's current weights into training rows. Both kinds an
 
 `Rollouts` (hone/rl/collect.py) samples G completions per prompt; `AgentRollouts`
 (hone/rl/episode_collect.py) plays G episodes per record on the same paged engine, each model
-turn answered by the environment. Rows of both have the layout the losses read; an episode's
-rows also carry per-turn rewards and discounts when the run asks for them (PPO's `turn_gamma`),
-so no recipe branches on which kind it has.
+turn answered by the environment; `EndpointRollouts` (hone/rl/endpoint_collect.py) has an
+outside program play them through hone serve, on the same engine. Rows of each have the layout
+the losses read; an episode's rows also carry per-turn rewards and discounts when the run asks
+for them (PPO's `turn_gamma`), so no recipe branches on which kind it has.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ def rollout_scorer(cfg, section, prompts, log=print):
     """What rewards this run's rollouts: the agent's environment factory (episodes are rewarded
     by their environment) or the reward functions of the section; checked now, before the run
     directory is written."""
+    if cfg.agent.endpoint is not None:
+        from hone.rl.endpoint_collect import endpoint_command
+        return endpoint_command(cfg, log)
     if cfg.agent.enabled:
         from hone.agents.factory import environment_factory
         return environment_factory(cfg, log)
@@ -44,6 +48,10 @@ def make_rollouts(cfg, section, graphdef, template, frozen, tokenizer, prompts, 
     tree: single-turn rows one per prompt group (`tree_layout`; episodes are never tree rows).
     turn_gamma: episodes' rows carry `turn_rewards` and `turn_discount` (PPO's discount within
     a turn; `agent.gamma` between turns)."""
+    if cfg.agent.endpoint is not None:
+        from hone.rl.endpoint_collect import EndpointRollouts
+        return EndpointRollouts(cfg, section, graphdef, template, frozen, tokenizer, prompts,
+                                scorer, turn_gamma=turn_gamma)
     if cfg.agent.enabled:
         return AgentRollouts(cfg, section, graphdef, template, frozen, tokenizer, prompts,
                              scorer, turn_gamma=turn_gamma)

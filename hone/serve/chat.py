@@ -59,6 +59,9 @@ class ChatRequest:
     tools: bool
     model: str
     body: dict
+    messages: list[dict]  # as `messages_of` normalises them
+    tool_list: list[dict] | None
+    episode: str | None  # `hone.episode`: a session of hone/serve/sessions.py
 
 
 def _number(body: dict, key: str, kind, low=None, high=None, default=None):
@@ -72,7 +75,9 @@ def _number(body: dict, key: str, kind, low=None, high=None, default=None):
     return kind(value)
 
 
-def _messages(body: dict) -> list[dict]:
+def messages_of(body: dict) -> list[dict]:
+    """The body's messages, checked, with developer as system, text parts joined and tool-call
+    arguments as objects."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list", "messages")
@@ -140,7 +145,14 @@ def parse_request(body: Any, tokenizer, model_name: str, context: int) -> ChatRe
     n = _number(body, "n", int, 1, 64, 1)
     if temperature == 0.0 and n > 1:
         raise BadRequest("n > 1 with temperature 0 would repeat one greedy answer", "n")
-    prompt = render(tokenizer, _messages(body), tools)
+    messages = messages_of(body)
+    episode = (body.get("hone") or {}).get("episode") if isinstance(body.get("hone"),
+                                                                     dict) else None
+    if episode is not None and (not isinstance(episode, str) or n != 1
+                                or body.get("stream")):
+        raise BadRequest("an episode (hone.episode) is a string id, with n = 1 and no stream",
+                         "hone.episode")
+    prompt = render(tokenizer, messages, tools)
     room = context - len(prompt)
     if room < 1:
         raise BadRequest(f"the conversation is {len(prompt)} tokens, the served context is "
@@ -153,7 +165,8 @@ def parse_request(body: Any, tokenizer, model_name: str, context: int) -> ChatRe
                        max_tokens=min(limit or room, room), seed=_number(body, "seed", int),
                        stream=bool(body.get("stream", False)),
                        logprobs=bool(body.get("logprobs", False)), tools=bool(tools),
-                       model=str(body.get("model") or model_name), body=body)
+                       model=str(body.get("model") or model_name), body=body,
+                       messages=messages, tool_list=tools, episode=episode)
 
 
 def reply_text(tokenizer, tokens: list[int], eos: set[int]) -> tuple[str, bool]:

@@ -25,7 +25,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import jax
 
 from hone.sampling.requests import Request
-from hone.serve.chat import BadRequest, chunk, parse_request, reply_text, response, split_calls
+from hone.serve.chat import (BadRequest, chunk, messages_of, parse_request, reply_text, response,
+                             split_calls)
 from hone.serve.engine_loop import EngineLoop
 
 TOOL_OPEN = "<tool_call>"
@@ -37,9 +38,12 @@ class Server:
 
     def __init__(self, model, tokenizer, *, name: str = "hone", host: str = "127.0.0.1",
                  port: int = 8000, seed: int = 0, max_seqs: int = 8, max_len: int = 2048,
-                 page_size: int = 64, timeout_s: float = 600.0, log=None):
+                 page_size: int = 64, timeout_s: float = 600.0, log=None, sessions=None):
+        """sessions: a hone.serve.sessions.Sessions that requests naming an episode are
+        recorded in (a trainer's rollout); None: such requests are refused."""
         max_len = min(max_len, model.config.max_position_embeddings)
         self.tokenizer, self.name, self.seed, self.timeout_s = tokenizer, name, seed, timeout_s
+        self.sessions = sessions
         self.eos = set(int(e) for e in getattr(tokenizer, "eos_ids", ()) or ())
         self.loop = EngineLoop(model, eos_ids=sorted(self.eos), max_seqs=max_seqs,
                                max_len=max_len, page_size=page_size)
@@ -78,6 +82,27 @@ class Server:
     def submit(self, req):
         request = Request(req.prompt, req.max_tokens, self.key(req.seed), n=req.n)
         return self.loop.submit(request, req.settings)
+
+    def episode_turn(self, req) -> dict:
+        """A request of an episode (hone/serve/sessions.py): sampled after the episode's
+        tokens with the trainer's settings, recorded, answered."""
+        if self.sessions is None:
+            raise BadRequest("this server records no episodes", "hone.episode")
+        sessions = self.sessions
+        session = sessions.get(req.episode)
+        prompt, budget, key = sessions.prompt(session, req.messages, req.tool_list)
+        if budget < 1:
+            raise BadRequest("the episode has used its max_episode_tokens", "messages")
+        req.prompt, req.settings = prompt, sessions.settings
+        pending = self.loop.submit(Request(prompt, budget, key), sessions.settings)
+        sample = pending.samples(timeout=self.timeout_s)[0]
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        body = response(self.tokenizer, req, [sample], self.eos, rid)
+        text, ended = reply_text(self.tokenizer, sample.tokens, self.eos)
+        said = body["choices"][0]["message"]
+        sessions.record(session, sample, text, ended,
+                        messages_of({"messages": [said]})[0])
+        return body
 
 
 def _handler(server: Server):
@@ -124,14 +149,19 @@ def _handler(server: Server):
             except BadRequest as e:
                 self._error(400, str(e), e.field)
                 return
-            pending = server.submit(req)
-            rid = f"chatcmpl-{uuid.uuid4().hex}"
             try:
+                if req.episode is not None:
+                    self._json(200, server.episode_turn(req))
+                    return
+                pending = server.submit(req)
+                rid = f"chatcmpl-{uuid.uuid4().hex}"
                 if req.stream:
                     self._stream(req, pending, rid)
                 else:
                     samples = pending.samples(timeout=server.timeout_s)
                     self._json(200, response(server.tokenizer, req, samples, server.eos, rid))
+            except BadRequest as e:
+                self._error(400, str(e), e.field)
             except Exception as e:  # noqa: BLE001 - the engine's failure, told to the client
                 self._error(500, f"{type(e).__name__}: {e}")
 

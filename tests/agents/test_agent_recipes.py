@@ -133,3 +133,27 @@ def test_partial_episodes_resume_exactly_with_a_rollout_in_flight(tmp_path):
     assert any(r["partial_fraction"] > 0 for r in m[1:])  # episodes that spanned two versions
     assert all(0.0 <= r["policy_lag"] <= 1.0 for r in m)
     assert any(0.0 < r["policy_lag"] < 1.0 for r in m)  # mixed: a version and the next
+
+
+def test_an_environment_in_an_outside_process_drives_the_policy_over_http_and_it_learns(tmp_path):
+    """agent.endpoint: tests/agents/endpoint_env.py plays two-turn episodes through the openai
+    client against hone serve; the trainer's rows are the server's ids; shorter replies earn
+    more and the policy learns to write them."""
+    pytest.importorskip("openai")
+    cfg = load_config(GRPOConfig, str(ROOT / "configs/tiny/grpo.yaml"), [
+        f"run_dir={tmp_path}", "log.sinks=[jsonl]", "train.max_steps=10", "train.eval_every=10",
+        f"agent.endpoint={sys.executable} {ROOT / 'tests/agents/endpoint_env.py'}",
+        "agent.max_episode_tokens=400", "grpo.max_prompt_tokens=144", "grpo.beta=0.0",
+        "rewards.length=0.0", "rewards.answer_match=0.0", "grpo.eval_prompts=4"])
+    lines = []
+    run_grpo(cfg, log=lines.append)
+    assert any("played by" in l for l in lines)
+    start, *m = rows(tmp_path)
+    first, last = m[0], m[-1]
+    assert first["agent/turns_mean"] == 2.0 and first["agent/env_tokens_mean"] > 0
+    assert max(r["sampler_gap"] for r in m) < 1e-5  # the server's log-probs are the trainer's
+    assert first["completion_len_mean"] > 24  # two turns near the 16-token limit
+    # The greedy policy played by the program: from replies at the limit to short ones.
+    assert start["eval_reward"] < 0.2 and last["eval_reward"] > 0.6
+    assert last["completion_len_mean"] < first["completion_len_mean"]
+    assert "agent/missing_rewards" not in last

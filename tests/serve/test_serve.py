@@ -134,7 +134,8 @@ def test_a_reply_with_tool_calls_comes_back_as_openai_tool_calls(served):
             '</tool_call>')
     ids = tok.encode(said, add_special_tokens=False) + [tok.eos_ids[0]]
     req = ChatRequest(prompt=[1], settings=Settings(), n=1, max_tokens=9, seed=None,
-                      stream=False, logprobs=False, tools=True, model="tiny", body={})
+                      stream=False, logprobs=False, tools=True, model="tiny", body={},
+                      messages=[], tool_list=None, episode=None)
     c = choice(tok, req, 0, Sample(tokens=ids, logprobs=[0.0] * len(ids)), set(tok.eos_ids))
     assert c["finish_reason"] == "tool_calls" and c["message"]["content"] == "Let me add."
     calls = c["message"]["tool_calls"]

@@ -141,7 +141,8 @@ def test_an_environment_in_an_outside_process_drives_the_policy_over_http_and_it
     more and the policy learns to write them."""
     pytest.importorskip("openai")
     cfg = load_config(GRPOConfig, str(ROOT / "configs/tiny/grpo.yaml"), [
-        f"run_dir={tmp_path}", "log.sinks=[jsonl]", "train.max_steps=10", "train.eval_every=10",
+        f"run_dir={tmp_path}", "log.sinks=[jsonl]", "train.max_steps=6", "train.eval_every=6",
+        "train.lr=6e-3",
         f"agent.endpoint={sys.executable} {ROOT / 'tests/agents/endpoint_env.py'}",
         "agent.max_episode_tokens=400", "grpo.max_prompt_tokens=144", "grpo.beta=0.0",
         "rewards.length=0.0", "rewards.answer_match=0.0", "grpo.eval_prompts=4"])

@@ -11,7 +11,8 @@ Extra arguments are overrides of the pipeline (`sft.train.max_steps=60`,
 the pipeline skips finished stages, so a rerun after a crash continues where it stopped (delete
 OUT to start again). Agent rows use `hone eval accuracy --config`'s code (hone.eval.agent) with
 the GRPO stage's `agent:` section; `make test` checks it on the tiny preset
-(tests/eval/test_agent_eval.py).
+(tests/eval/test_agent_eval.py). `--wordings` also scores (b)-(d) on
+builtin:calculator-agent-eval-wordings: held-out operands in wordings no training data uses.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 PIPELINE = ROOT / "configs/smollm2/agent_calculator.yaml"
 BASE = "smollm2-135m-instruct"
 DATA = "builtin:calculator-agent-eval"
+WORDED = "builtin:calculator-agent-eval-wordings"  # held-out operands and held-out wordings
 TITLE = "Agents: calculator"
 
 
@@ -91,6 +93,8 @@ def main() -> None:
                         help="write the section into benchmarks/RESULTS.md")
     parser.add_argument("--section", default=TITLE,
                         help=f"the RESULTS.md section to write (default {TITLE!r})")
+    parser.add_argument("--wordings", action="store_true",
+                        help=f"also score the agent rows on {WORDED} (held-out wordings)")
     parser.add_argument("overrides", nargs="*", help="pipeline overrides (STAGE.key=value)")
     args = parser.parse_args()
     from hone.config.pipeline_schema import load_pipeline
@@ -121,6 +125,12 @@ def main() -> None:
             lambda: agent_row(str(sft.run_dir / "export"), grpo.cfg, records))
     measure(results, path, "d_agent_grpo",
             lambda: agent_row(str(grpo.run_dir / "export"), grpo.cfg, records))
+    if args.wordings:
+        worded = load_records(WORDED, None, args.questions)
+        for key, source in (("b", BASE), ("c", str(sft.run_dir / "export")),
+                            ("d", str(grpo.run_dir / "export"))):
+            measure(results, path, f"{key}_wordings",
+                    lambda source=source: agent_row(source, grpo.cfg, worded))
     metrics = [json.loads(line) for line in (grpo.run_dir / "metrics.jsonl").read_text()
                .splitlines()]
     sft_metrics = [json.loads(line) for line in (sft.run_dir / "metrics.jsonl").read_text()
@@ -153,6 +163,16 @@ def report(results: dict, sft_cfg, grpo_cfg, args) -> str:
                 f"{r.get('agent/malformed_calls', 0.0) / n:.2f} |")
 
     table = [f"| {name} | {cells(r)}" for name, r in rows]
+    worded = [f"| {name} | {cells(results[name[1] + '_wordings'])}" for name, _ in rows[1:]
+              if name[1] + "_wordings" in results]
+    if worded:
+        gain = (results["d_wordings"]["accuracy"] - results["c_wordings"]["accuracy"]) * 100
+        worded = ["", f"The same agents on the first {s['questions']} questions of {WORDED} "
+                  "(held-out operands in wordings that no training question or trace uses: "
+                  "word problems and phrasings such as 'Calculate 4821 multiplied by 367.'):", "",
+                  "| model | held-out wordings accuracy | mean reward | turns | tool calls | "
+                  "malformed calls |", "|---|---|---|---|---|---|", *worded, "",
+                  f"Agentic GRPO over its warm start on held-out wordings: {gain:+.1f} points."]
     acc = {k: results[k]["accuracy"] for k in ("a_no_tools", "b_agent_base", "c_agent_sft",
                                                   "d_agent_grpo")}
     over_sft = (acc["d_agent_grpo"] - acc["c_agent_sft"]) * 100
@@ -171,9 +191,8 @@ def report(results: dict, sft_cfg, grpo_cfg, args) -> str:
                       f"{mean('agent/tool_calls') / cfg_batch:.2f} | "
                       f"{mean('rollout_s'):.1f} | {mean('update_s'):.1f} |")
     losses = results["sft_losses"]
-    minutes = (sum(results[k]["seconds"] for k, _ in
-                   [("a_no_tools", 0), ("b_agent_base", 0), ("c_agent_sft", 0),
-                    ("d_agent_grpo", 0)]) + results["pipeline_s"]) / 60
+    minutes = (sum(v["seconds"] for v in results.values()
+                   if isinstance(v, dict) and "seconds" in v) + results["pipeline_s"]) / 60
     return "\n".join([
         f"## {args.section}", "",
         f"Measured {s['date']} on {s['machine']} (shared with other jobs) with "
@@ -200,6 +219,7 @@ def report(results: dict, sft_cfg, grpo_cfg, args) -> str:
         "| model | held-out accuracy | mean reward | turns | tool calls | malformed calls |",
         "|---|---|---|---|---|---|",
         *table,
+        *worded,
         "",
         f"Agentic GRPO over its warm start: {over_sft:+.1f} points (goal +15); over the model "
         f"without tools: {over_plain:+.1f} points (goal +40). The GRPO run's own held-out "

@@ -22,6 +22,7 @@ BUILTIN: dict[str, Callable[[], list[dict]]] = {
     "arithmetic-pref-eval": _arithmetic.arithmetic_pref_eval,
     "calculator-agent": _calculator.calculator_agent,
     "calculator-agent-eval": _calculator.calculator_agent_eval,
+    "calculator-agent-eval-wordings": _calculator.calculator_agent_eval_wordings,
     "calculator-traces": _calculator.calculator_agent_traces,
     "guess-number": _guess.guess_number,
     "guess-number-eval": _guess.guess_number_eval,

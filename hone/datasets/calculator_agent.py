@@ -7,6 +7,11 @@ worked traces of the tool in use for an SFT warm start.
 - Held out by operand: each number in [100, 9999] belongs to the eval split or the train split (a
   fixed hash decides, about one in ten to eval), and a question uses operands of its split only,
   so no eval question shares a number with any train question.
+- Held out by wording too: the train wordings (`WORDINGS["train"]`: the symbolic "What is a * b?"
+  forms and two plain-English forms per operation) are the only ones training data uses; the
+  held-out wordings (`WORDINGS["held-out"]`: three other forms per operation, word problems
+  among them) occur only in `calculator-agent-eval-wordings`, whose operands are the eval
+  split's too. A model that scores there reads questions phrased in ways it never saw.
 - `calculator_traces`: conversations in which the assistant calls the calculator (written as text
   in the Hermes format, since SmolLM2's chat template has no tool support), reads its result and
   answers "4821 * 367 = 1769307"; the system message is ArithmeticTool's with the calculator
@@ -23,10 +28,28 @@ import random
 
 LOW, HIGH = 100, 9999  # operands have 3 or 4 digits
 _EVAL_SHARE = 26  # out of 256: about 10% of operands are held out
-_TEMPLATES = ("What is {a} {op} {b}?", "Compute {a} {op} {b}.", "How much is {a} {op} {b}?")
+_SYMBOLIC = ("What is {a} {op} {b}?", "Compute {a} {op} {b}.", "How much is {a} {op} {b}?")
+WORDINGS = {
+    "train": {
+        "*": _SYMBOLIC + ("Multiply {a} by {b}.", "What is the product of {a} and {b}?"),
+        "+": _SYMBOLIC + ("Add {a} and {b}.", "What is the sum of {a} and {b}?"),
+        "-": _SYMBOLIC + ("Subtract {b} from {a}.", "What is the difference of {a} and {b}?"),
+    },
+    "held-out": {
+        "*": ("A crate holds {b} bottles. How many bottles are in {a} crates?",
+              "{a} times {b} makes how many?", "Calculate {a} multiplied by {b}."),
+        "+": ("A library has {a} books and buys {b} more. How many books does it have now?",
+              "{a} plus {b} makes how many?", "Calculate {a} increased by {b}."),
+        "-": ("A tank holds {a} liters and {b} liters are drained. How many liters are left?",
+              "{a} minus {b} leaves how many?", "Calculate {a} decreased by {b}."),
+    },
+}
 _OPS = ("*", "+", "-")
 _OP_WEIGHTS = (2, 1, 1)  # products are the hard part
 _SIZES = {"train": 2000, "eval": 200}
+# The bundled train set and traces before the wording split drew from the symbolic forms only;
+# `wordings="symbolic"` still gives those (the recorded figures of 2026-12-02 used them).
+WORDINGS["symbolic"] = {op: _SYMBOLIC for op in _OPS}
 
 
 def is_eval_operand(x: int) -> bool:
@@ -42,8 +65,12 @@ def operands(split: str) -> tuple[int, ...]:
     return tuple(x for x in range(LOW, HIGH + 1) if is_eval_operand(x) == (split == "eval"))
 
 
-def _questions(n: int, seed: int, split: str) -> list[tuple[str, int, str, int]]:
-    """n distinct (prompt, a, op, b), with a >= b for differences (answers are never negative)."""
+def _questions(n: int, seed: int, split: str,
+               wordings: str = "train") -> list[tuple[str, int, str, int]]:
+    """n distinct (prompt, a, op, b), with a >= b for differences (answers are never negative),
+    each worded with one of WORDINGS[wordings] for its operation."""
+    if wordings not in WORDINGS:
+        raise ValueError(f"wordings must be one of {sorted(WORDINGS)}, got {wordings!r}")
     rng, pool = random.Random(seed), operands(split)
     out, seen = [], set()
     while len(out) < n:
@@ -53,7 +80,7 @@ def _questions(n: int, seed: int, split: str) -> list[tuple[str, int, str, int]]
             a, b = b, a
         if (a, op, b) not in seen:
             seen.add((a, op, b))
-            out.append((rng.choice(_TEMPLATES).format(a=a, op=op, b=b), a, op, b))
+            out.append((rng.choice(WORDINGS[wordings][op]).format(a=a, op=op, b=b), a, op, b))
     return out
 
 
@@ -61,15 +88,19 @@ def _result(a: int, op: str, b: int) -> int:
     return {"*": a * b, "+": a + b, "-": a - b}[op]
 
 
-def calculator_examples(n: int, seed: int, split: str = "train") -> list[dict]:
-    """n records {"prompt", "answer"} whose operands all belong to `split`."""
-    return [{"prompt": prompt, "answer": str(_result(a, op, b))}
-            for prompt, a, op, b in _questions(n, seed, split)]
+def calculator_examples(n: int, seed: int, split: str = "train",
+                        wordings: str = "train") -> list[dict]:
+    """n records {"prompt", "answer", "expression"} whose operands all belong to `split`,
+    worded with WORDINGS[wordings]."""
+    return [{"prompt": prompt, "answer": str(_result(a, op, b)), "expression": f"{a} {op} {b}"}
+            for prompt, a, op, b in _questions(n, seed, split, wordings)]
 
 
-def calculator_traces(n: int, seed: int) -> list[dict]:
+def calculator_traces(n: int, seed: int, wordings: str = "train") -> list[dict]:
     """n SFT records {"messages": [system, user, assistant tool call, tool result, answer]} on
-    train-split operands."""
+    train-split operands, worded with WORDINGS[wordings] (never the held-out ones)."""
+    if wordings == "held-out":
+        raise ValueError("traces never use the held-out wordings")
     from hone.agents.calculator import calculator  # late: hone.agents imports this package
     from hone.agents.parsers import HermesParser, ToolCall
     from hone.agents.tasks import ARITHMETIC_SYSTEM_PROMPT
@@ -77,7 +108,7 @@ def calculator_traces(n: int, seed: int) -> list[dict]:
     # What the rollout shows a template without tool support (hone.agents.render.with_tools).
     system = ARITHMETIC_SYSTEM_PROMPT + "\n\n" + describe_tools([tool_schema(calculator)])
     parser, records = HermesParser(), []
-    for prompt, a, op, b in _questions(n, seed, "train"):
+    for prompt, a, op, b in _questions(n, seed, "train", wordings):
         expression = f"{a} {op} {b}"
         result = calculator(expression)
         call = parser.format([ToolCall("calculator", {"expression": expression})])
@@ -98,6 +129,11 @@ def calculator_agent() -> list[dict]:
 
 def calculator_agent_eval() -> list[dict]:
     return calculator_examples(_SIZES["eval"], seed=42, split="eval")
+
+
+def calculator_agent_eval_wordings() -> list[dict]:
+    """The eval split's operands in the held-out wordings only."""
+    return calculator_examples(_SIZES["eval"], seed=44, split="eval", wordings="held-out")
 
 
 def calculator_agent_traces() -> list[dict]:

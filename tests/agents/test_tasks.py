@@ -13,8 +13,8 @@ from hone.agents.parsers import HermesParser, ToolCall
 from hone.agents.tasks import ARITHMETIC_SYSTEM_PROMPT, ArithmeticTool, GuessNumber
 from hone.agents.tools import describe_tools, tool_schema
 from hone.datasets import BUILTIN
-from hone.datasets.calculator_agent import (LOW, HIGH, calculator_examples, calculator_traces,
-                                      is_eval_operand, operands)
+from hone.datasets.calculator_agent import (LOW, HIGH, WORDINGS, calculator_examples,
+                                            calculator_traces, is_eval_operand, operands)
 
 
 @pytest.mark.parametrize("expression, result", [
@@ -76,7 +76,9 @@ def test_arithmetic_tool_plays_the_bundled_traces_to_reward_one():
         system, user, call, result, final = record["messages"]
         env = ArithmeticTool(runner="inline")
         assert system["content"] == ARITHMETIC_SYSTEM_PROMPT + "\n\n" + describe_tools(env.tools)
-        expression = re.sub(r"^\D+|\D+$", "", user["content"])  # "What is 4821 * 367?"
+        expression = final["content"].split(" = ")[0]  # "4821 * 367", however it was worded
+        a, _, b = expression.split()
+        assert sorted(numbers(user["content"])) == sorted([int(a), int(b)])
         assert call["content"] == fmt([ToolCall("calculator", {"expression": expression})])
         answer = final["content"].split(" = ")[1]
         assert env.reset({"prompt": user["content"], "answer": answer}) == [
@@ -173,7 +175,8 @@ def test_examples_are_correct_deterministic_and_distinct():
     assert len({r["prompt"] for r in records}) == 300
     ops = set()
     for r in records:
-        a, op, b = re.search(r"(\d+) ([*+-]) (\d+)", r["prompt"]).groups()
+        a, op, b = r["expression"].split()
+        assert sorted(numbers(r["prompt"])) == sorted([int(a), int(b)])
         ops.add(op)
         assert LOW <= int(a) <= HIGH and LOW <= int(b) <= HIGH
         assert r["answer"] == calculator(f"{a} {op} {b}") and int(r["answer"]) >= 0
@@ -186,3 +189,27 @@ def test_traces_builtin():
     roles = [m["role"] for m in records[0]["messages"]]
     assert roles == ["system", "user", "assistant", "tool", "assistant"]
     assert records[0]["messages"][3]["name"] == "calculator"
+
+
+def test_held_out_wordings_never_occur_in_training_data():
+    """The wording split: every question of calculator-agent and calculator-traces is in a train
+    wording, every one of calculator-agent-eval-wordings in a held-out wording (and held-out
+    operands), and the two sets of forms share none."""
+    def form(prompt):
+        return re.sub(r"\d+", "#", prompt)
+
+    def forms(which):
+        return {form(t.format(a=1, b=1, op=op)) for op, ts in WORDINGS[which].items() for t in ts}
+
+    train_forms, held_out_forms = forms("train"), forms("held-out")
+    assert not train_forms & held_out_forms and len(held_out_forms) == 9
+    train = BUILTIN["calculator-agent"]() + [
+        {"prompt": r["messages"][1]["content"]} for r in BUILTIN["calculator-traces"]()]
+    assert {form(r["prompt"]) for r in train} == train_forms  # every train form is used
+    worded = BUILTIN["calculator-agent-eval-wordings"]()
+    assert {form(r["prompt"]) for r in worded} == held_out_forms and len(worded) == 200
+    assert all(is_eval_operand(n) for r in worded for n in numbers(r["prompt"]))
+    for r in worded:
+        assert r["answer"] == calculator(r["expression"])
+    with pytest.raises(ValueError, match="held-out"):
+        calculator_traces(1, seed=0, wordings="held-out")

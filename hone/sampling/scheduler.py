@@ -20,10 +20,11 @@ Episodes (`run(on_turn=)`): when a sample's model turn ends (an end token, the t
 go to the head of the queue as a prefill into the sample's own pages, after its cache (its
 turn's last token first), and its next turn starts from their logits: an episode keeps its
 pages and never encodes its history again; between turns it holds its pages but no place.
-When the pool runs out of pages, the most recently admitted sequence is preempted: its pages
-are freed and it waits at the head of the queue to be recomputed from its prompt and the
-tokens it has (their keys and values prefilled again), then continues where it stopped. This is
-counted (`stats["preempted"]`), never an error; a pool too small for one sequence is.
+When the pool runs out of pages (hone/sampling/admission.py: intake and room), the most
+recently admitted sequence is preempted: its pages are freed and it waits at the head of the
+queue to be recomputed from its prompt and the tokens it has (their keys and values prefilled
+again), then continues where it stopped. This is counted (`stats["preempted"]`), never an
+error; a pool too small for one sequence is.
 
 Determinism: token t of sample j of a request (t counting every token after the prompt,
 appended ones too) is drawn with fold_in(fold_in(request.key, j), t) from that sequence's own
@@ -47,6 +48,7 @@ import numpy as np
 from hone.errors import InputError
 from hone.kernels.pallas_paged import IMPLS as PALLAS_IMPLS
 from hone.sampling.engine import pack_weights, split_for_sampling
+from hone.sampling.admission import Admission
 from hone.sampling.buckets import bucket, chunk_bucket, row_bucket
 from hone.sampling.pages import TRASH, PageAllocator, pages_for
 from hone.sampling.paged import (choose_first, copy_pages, decode_steps, init_pools, paged_route,
@@ -57,7 +59,7 @@ from hone.sampling.strategies import SamplingMode
 __all__ = ["PagedEngine", "Request", "Sample", "Turn"]
 
 
-class PagedEngine:
+class PagedEngine(Admission):
     """Paged KV cache + continuous batching for one model's weights (see the module doc)."""
 
     def __init__(self, model, *, max_seqs: int = 8, page_size: int = 64,
@@ -151,106 +153,6 @@ class PagedEngine:
                     feed.finished(seq.request, seq.sample, seq.out)
         self.stats["peak_pages"] = self.alloc.peak
         return results
-
-    def _busy(self) -> bool:
-        return bool(self.queue or self.ready or self.running)
-
-    def _admit(self, r: Request, i: int) -> None:
-        """Queue request i's prompt (or, continuing samples, each one's history)."""
-        self.prompts[i] = list(r.prompt)
-        self.unfinished[i] = r.n
-        limits = r.sample_limits or (r.max_new_tokens,) * r.n
-        seqs = [SeqState(i, j, jax.random.fold_in(r.key, r.first_sample + j), limits[j],
-                         r.sample_out(j), turn_tokens=r.turn_tokens or r.max_new_tokens)
-                for j in range(r.n)]
-        if r.resume is None:
-            self.queue.append(PrefillJob(list(r.prompt), seqs))
-        else:  # each continued sample prefills its own history
-            self.queue.extend(PrefillJob(list(r.prompt) + s.out.tokens, [s]) for s in seqs)
-
-    def _intake(self, feed) -> bool:
-        """Take the feed's new requests (waiting for some when nothing runs); False once it
-        is closed and nothing runs. A request the engine cannot hold is refused to the feed."""
-        new = feed.poll(wait=not self._busy())
-        if new is None:
-            return self._busy()
-        for index, r in new:
-            try:
-                self._check(r, index)
-            except InputError as e:
-                feed.refused(index, e)
-                continue
-            self._admit(r, index)
-        return True
-
-    def _check(self, r: Request, i: int) -> None:
-        if not r.prompt:
-            raise InputError("prompt is empty", key=f"requests[{i}].prompt")
-        if r.max_new_tokens < 1 or r.n < 1 or (r.turn_tokens is not None
-                                               and r.turn_tokens < 1):
-            raise InputError("max_new_tokens, n and turn_tokens must be positive",
-                             key=f"requests[{i}]")
-        if r.sample_limits is not None and (len(r.sample_limits) != r.n or not all(
-                1 <= x <= r.max_new_tokens for x in r.sample_limits)):
-            raise InputError("sample_limits must give each of the n samples a budget between "
-                             "1 and max_new_tokens", key=f"requests[{i}].sample_limits")
-        need = len(r.prompt) + r.max_new_tokens
-        if need > self.max_len:
-            raise InputError(f"prompt of {len(r.prompt)} tokens plus max_new_tokens "
-                             f"{r.max_new_tokens} exceeds {self.max_len}",
-                             key=f"requests[{i}].prompt")
-        if not r.resume_fits():
-            raise InputError("resume must give each of the n samples its tokens, log-probs "
-                             "and model mask so far, fewer tokens than its budget",
-                             key=f"requests[{i}].resume")
-        if pages_for(need, self.page_size) + 1 > self.num_pages - 1:
-            raise InputError(f"a page pool of {self.num_pages} pages of {self.page_size} "
-                             f"slots cannot hold one sequence of {need} tokens",
-                             key="num_pages")
-
-    # ---- pages -------------------------------------------------------------------------------
-    def _allocate(self, n: int, keep: SeqState | None = None, keep_groups=(),
-                  admit: bool = False) -> list[int] | None:
-        """n pages, preempting until they fit: running sequences (newest first, never `keep`),
-        then episodes waiting between turns (the last queued first, never one of
-        `keep_groups`); None when nothing is left to preempt. `admit` (pages to start a
-        sequence: a prefill, a fork) preempts nothing while sequences run (it waits for their
-        pages instead, so admissions and preemptions cannot chase each other)."""
-        while True:
-            pages = self.alloc.allocate(n)
-            if pages is not None:
-                return pages
-            if admit and self.running:
-                return None
-            running = [s for s in self.running if s is not keep]
-            waiting = [g for g in self.queue if g.kind == "turn" and g.pages
-                       and not any(g is k for k in keep_groups)]
-            if running:
-                self._preempt(max(running, key=lambda s: s.order))
-            elif waiting:
-                self._unpage(waiting[-1])
-            else:
-                return None
-
-    def _unpage(self, group: PrefillJob) -> None:
-        """Free the pages of an episode waiting between turns: its prefill becomes its prompt
-        and every token it has (recomputed, counted as a preemption)."""
-        seq = group.samples[0]
-        self.stats["preempted"] += 1
-        seq.out.preempted += 1
-        self.alloc.release(group.pages)
-        group.tokens = self.prompts[seq.request] + seq.out.tokens
-        group.pages, group.offset, group.done = [], 0, 0
-
-    def _preempt(self, seq: SeqState) -> None:
-        """Stop seq and free its pages; it waits at the head of the queue to be recomputed."""
-        self.stats["preempted"] += 1
-        seq.out.preempted += 1
-        self.alloc.release(seq.pages)
-        seq.pages = []
-        self._stop(seq)
-        prompt = self.prompts[seq.request]
-        self.queue.appendleft(PrefillJob(prompt + seq.out.tokens[:-1], [seq], kind="resume"))
 
     # ---- 1. fork -----------------------------------------------------------------------------
     def _fork(self) -> bool:

@@ -13,7 +13,6 @@ import sys
 sys.path.insert(0, os.path.dirname(__file__))
 
 SLOW_FIRST = (
-    "weights/test_gguf_export_shipped.py",
     "train/test_fault_script.py",
     "parallel/test_roles.py",
     "parallel/test_mesh_parity.py",

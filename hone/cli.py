@@ -94,8 +94,11 @@ def cmd_pipeline(args) -> int:
 def cmd_export(args) -> int:
     from hone.export import export_model, export_run
     if args.run is not None:
-        out = export_run(args.run, args.out, args.format, args.quant)
+        out = export_run(args.run, args.out, args.format, args.quant, args.step)
     else:
+        if args.step is not None:
+            print("error: --step names a checkpoint of --run", file=sys.stderr)
+            return 2
         out = export_model(args.model, args.out, args.format, args.quant)
     kind = args.format + (f", {args.quant}" if args.quant else "")
     print(f"exported {args.run or args.model} -> {out} ({kind})")
@@ -235,7 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     exp = sub.add_parser("export", help="write a run's trained model as a Hugging Face folder, "
                          "a PEFT adapter or a GGUF file",
-                         description="Export the newest checkpoint of a run (or any model).\n\n"
+                         description="Export the newest checkpoint of a run (or the one of "
+                         "--step), or any model.\n\n"
                          "examples:\n"
                          "  hone export --run runs/tiny-sft --out exported/\n"
                          "  hone export --run runs/smollm2-sft-lora --out adapter/ --format peft\n"
@@ -255,6 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "gguf: one llama.cpp file, adapters merged, tokenizer embedded")
     exp.add_argument("--quant", default=None,
                      help="GGUF tensor type: f32 (default), f16, bf16, q8_0, q4_k_m")
+    exp.add_argument("--step", type=int, default=None,
+                     help="with --run: the checkpoint of this step (one the run kept, "
+                     "checkpoint.keep) instead of the newest")
     exp.set_defaults(func=cmd_export)
 
     rep = sub.add_parser("report", help="plot a run's metrics: PNGs and a self-contained HTML "

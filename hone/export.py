@@ -16,8 +16,9 @@ from pathlib import Path
 from hone.errors import InputError
 
 
-def load_run_model(run_dir: str | Path):
-    """(trained model, tokenizer, config) from a run folder."""
+def load_run_model(run_dir: str | Path, step: int | None = None):
+    """(trained model, tokenizer, config) from a run folder: its newest checkpoint, or the one
+    of `step` (which the run must have kept: checkpoint.keep)."""
     import yaml
     from flax import nnx
 
@@ -39,7 +40,12 @@ def load_run_model(run_dir: str | Path):
     try:
         if ckpt.latest_step() is None:
             raise InputError("the run has no checkpoint yet", path=str(run_dir / "checkpoints"))
-        state, _ = ckpt.read()
+        kept = sorted(ckpt.manager.all_steps())
+        if step is not None and step not in kept:
+            raise InputError(f"the run has no checkpoint of step {step}; it kept "
+                             f"{', '.join(map(str, kept))}", path=str(run_dir / "checkpoints"),
+                             key="--step")
+        state, _ = ckpt.read(step)
     finally:
         ckpt.close()
     if command == "ppo":  # the policy of the actor-critic (the critic stays in the run)
@@ -138,7 +144,7 @@ def _check_format(fmt: str, quant: str | None) -> None:
 
 
 def export_run(run_dir: str | Path, out_dir: str | Path, fmt: str = "hf",
-               quant: str | None = None) -> Path:
+               quant: str | None = None, step: int | None = None) -> Path:
     from hone.weights.hf import save_hf
     from hone.models.lora import expert_lora_modules, lora_modules, merge_lora
     from hone.weights.peft import save_peft
@@ -146,7 +152,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, fmt: str = "hf",
     from hone.weights.hf_reward import save_reward_model
 
     _check_format(fmt, quant)
-    model, tokenizer, cfg = load_run_model(run_dir)
+    model, tokenizer, cfg = load_run_model(run_dir, step)
     has_adapters = bool(lora_modules(model) or expert_lora_modules(model))
     if isinstance(model, RewardModel):
         if fmt != "hf":

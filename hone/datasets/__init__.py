@@ -23,6 +23,7 @@ BUILTIN: dict[str, Callable[[], list[dict]]] = {
     "calculator-agent": _calculator.calculator_agent,
     "calculator-agent-eval": _calculator.calculator_agent_eval,
     "calculator-agent-eval-wordings": _calculator.calculator_agent_eval_wordings,
+    "calculator-agent-validation": _calculator.calculator_agent_validation,
     "calculator-traces": _calculator.calculator_agent_traces,
     "guess-number": _guess.guess_number,
     "guess-number-eval": _guess.guess_number_eval,

@@ -4,14 +4,20 @@ worked traces of the tool in use for an SFT warm start.
 - `calculator_examples`: {"prompt": "What is 4821 * 367?", "answer": "1769307"}: products, sums
   and differences of 3-4 digit numbers, too large for a small model to work out in its head, so
   using the tool pays.
-- Held out by operand: each number in [100, 9999] belongs to the eval split or the train split (a
-  fixed hash decides, about one in ten to eval), and a question uses operands of its split only,
-  so no eval question shares a number with any train question.
+- Held out by operand: each number in [100, 9999] belongs to the eval (test) split, the
+  validation split or the train split (fixed hashes decide: about one in ten to eval, one in ten
+  of the rest to validation), and a question uses operands of its split only, so no eval or
+  validation question shares a number with any train question, nor with each other.
 - Held out by wording too: the train wordings (`WORDINGS["train"]`: the symbolic "What is a * b?"
   forms and two plain-English forms per operation) are the only ones training data uses; the
   held-out wordings (`WORDINGS["held-out"]`: three other forms per operation, word problems
   among them) occur only in `calculator-agent-eval-wordings`, whose operands are the eval
   split's too. A model that scores there reads questions phrased in ways it never saw.
+- Validation (`calculator-agent-validation`): validation operands, every other question in a
+  train wording and the rest in the validation wordings (`WORDINGS["validation"]`, three more
+  forms per operation that neither training nor the test sets use), so that settings (a warm
+  start's length, a checkpoint) can be chosen on both kinds of held-out question without ever
+  looking at the test sets.
 - `calculator_traces`: conversations in which the assistant calls the calculator (written as text
   in the Hermes format, since SmolLM2's chat template has no tool support), reads its result and
   answers "4821 * 367 = 1769307"; the system message is ArithmeticTool's with the calculator
@@ -27,7 +33,8 @@ import hashlib
 import random
 
 LOW, HIGH = 100, 9999  # operands have 3 or 4 digits
-_EVAL_SHARE = 26  # out of 256: about 10% of operands are held out
+_EVAL_SHARE = 26  # out of 256: about 10% of operands are held out for the test sets
+_VALIDATION_SHARE = 26  # out of 256 of the rest: about 9% more for validation
 _SYMBOLIC = ("What is {a} {op} {b}?", "Compute {a} {op} {b}.", "How much is {a} {op} {b}?")
 WORDINGS = {
     "train": {
@@ -43,12 +50,22 @@ WORDINGS = {
         "-": ("A tank holds {a} liters and {b} liters are drained. How many liters are left?",
               "{a} minus {b} leaves how many?", "Calculate {a} decreased by {b}."),
     },
+    "validation": {
+        "*": ("Each box has {b} pens. How many pens do {a} boxes hold?",
+              "Find {a} times {b}.", "I need the result of multiplying {a} and {b}."),
+        "+": ("A farm had {a} sheep and {b} more were born. How many sheep are there now?",
+              "Find {a} plus {b}.", "I need the total of {a} and {b}."),
+        "-": ("A shop had {a} apples and sold {b}. How many apples remain?",
+              "Find {a} minus {b}.", "I need what remains when {b} is taken from {a}."),
+    },
 }
 _OPS = ("*", "+", "-")
 _OP_WEIGHTS = (2, 1, 1)  # products are the hard part
-_SIZES = {"train": 2000, "eval": 200}
+_SIZES = {"train": 2000, "validation": 200, "eval": 200}
 # The bundled train set and traces before the wording split drew from the symbolic forms only;
-# `wordings="symbolic"` still gives those (the recorded figures of 2026-12-02 used them).
+# `wordings="symbolic"` still gives those (the recorded figures of 2026-12-02 used them). Train
+# questions and traces drew from today's validation operands too until the validation split
+# (2026-12-06); the test sets' questions did not change.
 WORDINGS["symbolic"] = {op: _SYMBOLIC for op in _OPS}
 
 
@@ -57,20 +74,31 @@ def is_eval_operand(x: int) -> bool:
     return hashlib.sha256(f"calculator:{x}".encode()).digest()[0] < _EVAL_SHARE
 
 
-@functools.lru_cache(maxsize=2)
+def split_of(x: int) -> str:
+    """"eval", "validation" or "train": the split the number x belongs to (fixed hashes)."""
+    if is_eval_operand(x):
+        return "eval"
+    digest = hashlib.sha256(f"calculator-validation:{x}".encode()).digest()
+    return "validation" if digest[0] < _VALIDATION_SHARE else "train"
+
+
+@functools.lru_cache(maxsize=3)
 def operands(split: str) -> tuple[int, ...]:
-    """The numbers questions of `split` ("train" or "eval") draw from."""
+    """The numbers questions of `split` ("train", "validation" or "eval") draw from."""
     if split not in _SIZES:
-        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-    return tuple(x for x in range(LOW, HIGH + 1) if is_eval_operand(x) == (split == "eval"))
+        raise ValueError(f"split must be one of {sorted(_SIZES)}, got {split!r}")
+    return tuple(x for x in range(LOW, HIGH + 1) if split_of(x) == split)
 
 
 def _questions(n: int, seed: int, split: str,
-               wordings: str = "train") -> list[tuple[str, int, str, int]]:
+               wordings: str | tuple[str, ...] = "train") -> list[tuple[str, int, str, int]]:
     """n distinct (prompt, a, op, b), with a >= b for differences (answers are never negative),
-    each worded with one of WORDINGS[wordings] for its operation."""
-    if wordings not in WORDINGS:
-        raise ValueError(f"wordings must be one of {sorted(WORDINGS)}, got {wordings!r}")
+    each worded with one of WORDINGS[wordings] for its operation; a tuple of wording sets takes
+    them in turn (question i from wordings[i % len(wordings)])."""
+    kinds = (wordings,) if isinstance(wordings, str) else tuple(wordings)
+    for kind in kinds:
+        if kind not in WORDINGS:
+            raise ValueError(f"wordings must be among {sorted(WORDINGS)}, got {kind!r}")
     rng, pool = random.Random(seed), operands(split)
     out, seen = [], set()
     while len(out) < n:
@@ -80,7 +108,8 @@ def _questions(n: int, seed: int, split: str,
             a, b = b, a
         if (a, op, b) not in seen:
             seen.add((a, op, b))
-            out.append((rng.choice(WORDINGS[wordings][op]).format(a=a, op=op, b=b), a, op, b))
+            forms = WORDINGS[kinds[len(out) % len(kinds)]][op]
+            out.append((rng.choice(forms).format(a=a, op=op, b=b), a, op, b))
     return out
 
 
@@ -89,7 +118,7 @@ def _result(a: int, op: str, b: int) -> int:
 
 
 def calculator_examples(n: int, seed: int, split: str = "train",
-                        wordings: str = "train") -> list[dict]:
+                        wordings: str | tuple[str, ...] = "train") -> list[dict]:
     """n records {"prompt", "answer", "expression"} whose operands all belong to `split`,
     worded with WORDINGS[wordings]."""
     return [{"prompt": prompt, "answer": str(_result(a, op, b)), "expression": f"{a} {op} {b}"}
@@ -99,8 +128,8 @@ def calculator_examples(n: int, seed: int, split: str = "train",
 def calculator_traces(n: int, seed: int, wordings: str = "train") -> list[dict]:
     """n SFT records {"messages": [system, user, assistant tool call, tool result, answer]} on
     train-split operands, worded with WORDINGS[wordings] (never the held-out ones)."""
-    if wordings == "held-out":
-        raise ValueError("traces never use the held-out wordings")
+    if wordings in ("held-out", "validation"):
+        raise ValueError(f"traces never use the {wordings} wordings")
     from hone.agents.calculator import calculator  # late: hone.agents imports this package
     from hone.agents.parsers import HermesParser, ToolCall
     from hone.agents.tasks import ARITHMETIC_SYSTEM_PROMPT
@@ -129,6 +158,12 @@ def calculator_agent() -> list[dict]:
 
 def calculator_agent_eval() -> list[dict]:
     return calculator_examples(_SIZES["eval"], seed=42, split="eval")
+
+
+def calculator_agent_validation() -> list[dict]:
+    """Validation operands; even questions in train wordings, odd ones in validation wordings."""
+    return calculator_examples(_SIZES["validation"], seed=45, split="validation",
+                               wordings=("train", "validation"))
 
 
 def calculator_agent_eval_wordings() -> list[dict]:

@@ -74,3 +74,31 @@ def test_export_replaces_only_an_earlier_export(tmp_path):
     (home / "projects").rmdir()
     with pytest.raises(InputError, match="notes.py"):
         hone.save_hf(model, home)
+
+
+def test_export_of_a_kept_step_is_that_steps_model(tmp_path, capsys):
+    """`--step S` exports the checkpoint of step S, not the newest: with a constant rate, step 2
+    of a 4-step run is the model a 2-step run ends with; a step the run did not keep is refused
+    naming the kept ones, and --step with --model is refused."""
+    common = ["--config", str(ROOT / "configs/tiny/sft.yaml"), "train.schedule=constant",
+              "train.warmup_steps=0", "log.sinks=[jsonl]", "data.eval_path=null",
+              "checkpoint.every_steps=2", "checkpoint.keep=2"]
+    assert main(["sft", *common, f"run_dir={tmp_path / 'four'}", "train.max_steps=4"]) == 0
+    assert main(["sft", *common, f"run_dir={tmp_path / 'two'}", "train.max_steps=2"]) == 0
+    tokens = np.random.default_rng(1).integers(0, 256, (1, 9)).astype(np.int32)
+    two = np.asarray(load_run_model(tmp_path / "two")[0](tokens))
+    four = np.asarray(load_run_model(tmp_path / "four")[0](tokens))
+    assert np.abs(two - four).max() > 1e-3  # the two checkpoints differ
+    assert main(["export", "--run", str(tmp_path / "four"), "--out", str(tmp_path / "s2"),
+                 "--step", "2"]) == 0
+    exported = transformers.AutoModelForCausalLM.from_pretrained(
+        str(tmp_path / "s2"), dtype=torch.float32).eval()
+    with torch.no_grad():
+        theirs = exported(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
+    assert np.abs(two - theirs).max() <= TOL
+    capsys.readouterr()
+    assert main(["export", "--run", str(tmp_path / "four"), "--out", str(tmp_path / "s3"),
+                 "--step", "3"]) == 2
+    assert "no checkpoint of step 3; it kept 2, 4" in capsys.readouterr().err
+    assert not (tmp_path / "s3").exists()
+    assert main(["export", "--model", "tiny", "--out", str(tmp_path / "m"), "--step", "2"]) == 2

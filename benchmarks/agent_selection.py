@@ -1,0 +1,188 @@
+"""The calculator agent with every choice made on a validation split: which warm start, and which
+GRPO checkpoint, are picked by greedy accuracy on builtin:calculator-agent-validation (operands
+of its own, half its questions in wordings no other set uses); the two test sets
+(builtin:calculator-agent-eval, held-out operands, and -eval-wordings, held-out operands in
+held-out wordings) are scored only once, on the chosen models.
+
+    .venv/bin/python benchmarks/agent_selection.py [--write] [--lengths 4,8,16,32] [--steps 30]
+
+1. Warm start: LoRA SFT of configs/smollm2/agent_calculator_sft.yaml for each length L of
+   --lengths (separate runs, each with its own schedule), merged; each scored as an agent on the
+   first --questions validation questions; the best wins (a tie goes to the shorter).
+2. Agentic GRPO (configs/smollm2/agent_calculator_grpo.yaml) from that warm start for --steps
+   steps, its in-run evaluation pointed at the validation set every --every steps and a
+   checkpoint kept at each; the best step wins (a tie goes to the earlier; step 0 is the warm
+   start itself).
+3. The chosen warm start and the chosen checkpoint on the test sets.
+
+The other GRPO settings (rate, batch, temperature, clipping) are the config's, not tuned here.
+Every measurement is kept in OUT/results.json as it is made, so a rerun continues where it
+stopped (delete OUT to start again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from agent_calculator import agent_row, keep, measure  # noqa: E402
+
+SFT = ROOT / "configs/smollm2/agent_calculator_sft.yaml"
+GRPO = ROOT / "configs/smollm2/agent_calculator_grpo.yaml"
+VALIDATION = "builtin:calculator-agent-validation"
+TESTS = {"operands": "builtin:calculator-agent-eval",
+         "wordings": "builtin:calculator-agent-eval-wordings"}
+TITLE = "Agents: calculator, settings chosen on a validation split"
+
+
+def note(text: str) -> None:
+    print(f"agent_selection: {text}", flush=True)
+
+
+def hone(*args: str) -> None:
+    """One hone command in its own process (each run's compiled programs and memory its own)."""
+    cmd = [str(ROOT / ".venv/bin/hone"), *args]
+    note(" ".join(cmd))
+    subprocess.run(cmd, check=True, cwd=ROOT)
+
+
+def grpo_config(overrides: list[str]):
+    from hone.config import COMMANDS, load_config
+    return load_config(COMMANDS["grpo"], str(GRPO), overrides)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--questions", type=int, default=64, help="questions per set scored")
+    parser.add_argument("--lengths", default="4,8,16,32", help="warm start lengths to try")
+    parser.add_argument("--steps", type=int, default=30, help="GRPO steps of the one run")
+    parser.add_argument("--every", type=int, default=5, help="GRPO steps between validations")
+    parser.add_argument("--out", default="runs/bench-agent-selection")
+    parser.add_argument("--write", action="store_true", help="write the RESULTS.md section")
+    args = parser.parse_args()
+    from hone.data.loader import load_records
+
+    out = (ROOT / args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "results.json"
+    results = json.loads(path.read_text()) if path.exists() else {}
+    lengths = [int(x) for x in args.lengths.split(",")]
+    keep(results, path, "setup", {
+        "date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} CPU cores, "
+        f"{platform.machine()}, {platform.system()}", "questions": args.questions,
+        "lengths": lengths, "steps": args.steps, "every": args.every})
+    validation = load_records(VALIDATION, None, args.questions)
+    cfg = grpo_config([])
+
+    # 1. the warm start's length
+    for length in lengths:
+        run = out / f"sft-{length}"
+        if not (run / "export").exists():
+            hone("sft", "--config", str(SFT), f"run_dir={run}", f"train.max_steps={length}",
+                 f"checkpoint.every_steps={length}", "log.sinks=[jsonl]")
+            hone("export", "--run", str(run), "--out", str(run / "export"))
+        measure(results, path, f"validation_sft_{length}",
+                lambda run=run: agent_row(str(run / "export"), cfg, validation))
+    best = max(lengths, key=lambda n: (results[f"validation_sft_{n}"]["accuracy"], -n))
+    keep(results, path, "chosen_length", best)
+    warm = out / f"sft-{best}" / "export"
+
+    # 2. the GRPO checkpoint
+    run = out / "grpo"
+    if not (run / "metrics.jsonl").exists() or "grpo_s" not in results:
+        t0 = time.perf_counter()
+        hone("grpo", "--config", str(GRPO), f"run_dir={run}", f"model.source={warm}",
+             f"train.max_steps={args.steps}", f"train.eval_every={args.every}",
+             f"data.eval_path={VALIDATION}", f"grpo.eval_prompts={args.questions}",
+             f"checkpoint.every_steps={args.every}",
+             f"checkpoint.keep={args.steps // args.every + 1}", "log.sinks=[jsonl]")
+        keep(results, path, "grpo_s", time.perf_counter() - t0)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    curve = {r["step"]: r["eval_accuracy"] for r in rows if "eval_accuracy" in r}
+    keep(results, path, "validation_curve", curve)
+    keep(results, path, "train_curve", [
+        {k: r[k] for k in ("step", "reward_mean", "rollout_s", "update_s") if k in r}
+        for r in rows if "loss" in r])
+    step = max(sorted(curve), key=lambda s: curve[s])  # max keeps the first of equals
+    keep(results, path, "chosen_step", step)
+    chosen = warm
+    if step > 0:
+        chosen = out / f"grpo-step{step}"
+        if not chosen.exists():
+            hone("export", "--run", str(run), "--out", str(chosen), "--step", str(step))
+
+    # 3. the test sets, once, on the chosen models
+    for name, source in TESTS.items():
+        records = load_records(source, None, args.questions)
+        measure(results, path, f"test_{name}_warm", lambda r=records: agent_row(str(warm), cfg, r))
+        measure(results, path, f"test_{name}_grpo",
+                lambda r=records: agent_row(str(chosen), cfg, r))
+    section = report(results, cfg)
+    print(section)
+    if args.write:
+        from _driver import write_section
+        write_section(TITLE, section)
+
+
+def report(results: dict, cfg) -> str:
+    s, g, a = results["setup"], cfg.grpo, cfg.agent
+    best, step, curve = results["chosen_length"], results["chosen_step"], results["validation_curve"]
+    lengths = "\n".join(
+        f"| {n} | {results[f'validation_sft_{n}']['accuracy']:.1%} |"
+        f"{' chosen' if n == best else ''}" for n in s["lengths"])
+    steps = "\n".join(f"| {k} | {v:.1%} |{' chosen' if int(k) == int(step) else ''}"
+                      for k, v in sorted(curve.items(), key=lambda kv: int(kv[0])))
+    tests, gains = [], []
+    for name, source in TESTS.items():
+        w, r = results[f"test_{name}_warm"]["accuracy"], results[f"test_{name}_grpo"]["accuracy"]
+        gains.append((r - w) * 100)
+        tests.append(f"| {source} | {w:.1%} | {r:.1%} | {(r - w) * 100:+.1f} |")
+    met = all(x >= 10 for x in gains)
+    train = results["train_curve"]
+    mean = lambda key: sum(r.get(key, 0.0) for r in train) / max(len(train), 1)  # noqa: E731
+    minutes = (sum(v["seconds"] for v in results.values() if isinstance(v, dict)
+                   and "seconds" in v) + results.get("grpo_s", 0.0)) / 60
+    return "\n".join([
+        f"## {TITLE}", "",
+        f"Measured {s['date']} on {s['machine']} with `benchmarks/agent_selection.py` "
+        f"(configs/smollm2/agent_calculator_sft.yaml, then agent_calculator_grpo.yaml). Every "
+        f"choice was made on the first {s['questions']} questions of {VALIDATION}: operands "
+        "that occur in no training or test question, every other question in a training "
+        "wording and the rest in three validation wordings per operation that no other set "
+        "uses. The test sets were scored once, after both choices, on the chosen models only. "
+        "Scoring: one greedy episode per question with the calculator, the final reply's "
+        f"number against the answer (up to {a.max_turns} turns of {g.max_new_tokens} tokens).",
+        "",
+        "1. Warm start: LoRA SFT on builtin:calculator-traces, one run per length (each with "
+        "its own warmup and cosine schedule), merged; validation accuracy:", "",
+        "| SFT steps | validation accuracy | |", "|---|---|---|", lengths, "",
+        f"2. Agentic GRPO from the {best}-step warm start, {s['steps']} steps x "
+        f"{cfg.train.batch_size // g.group_size} questions x {g.group_size} episodes (lr "
+        f"{cfg.train.lr}, temperature {g.temperature}, {g.loss_agg}, clip "
+        f"{g.clip_eps}/{g.clip_eps_high}: the config's settings, not tuned here), validated "
+        f"every {s['every']} steps inside the run:", "",
+        "| GRPO step | validation accuracy | |", "|---|---|---|", steps, "",
+        f"3. The test sets (first {s['questions']} questions each), scored once:", "",
+        f"| test set | warm start ({best} steps) | GRPO (step {step}) | points |",
+        "|---|---|---|---|", *tests, "",
+        f"Goal (issue 46: agentic GRPO >= +10 points over its warm start on held-out problems, "
+        f"every setting chosen on a validation split): {'met' if met else 'NOT met'} "
+        f"({', '.join(f'{x:+.1f}' for x in gains)} points). GRPO: mean reward of the sampled "
+        f"episodes {mean('reward_mean'):.3f}, {mean('rollout_s'):.1f} s rollout and "
+        f"{mean('update_s'):.1f} s update per step. Wall time {minutes:.1f} minutes (training, "
+        "exports and scoring), on a machine shared with other jobs; one seed.",
+    ])
+
+
+if __name__ == "__main__":
+    main()

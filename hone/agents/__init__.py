@@ -11,7 +11,8 @@ render.py), episodes as training rows (episode_rows.py) and the config's environ
 from hone.agents.calculator import calculator
 from hone.agents.environment import Environment, Step, ToolEnvironment
 from hone.agents.parsers import HermesParser, ToolCall
-from hone.agents.rollout import Episode, Switch, rollout
+from hone.agents.episode import Episode, Switch
+from hone.agents.rollout import rollout
 from hone.agents.tasks import ArithmeticTool, GuessNumber
 from hone.agents.tools import tool_schema
 

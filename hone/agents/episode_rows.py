@@ -26,7 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
-from hone.agents.rollout import Episode
+from hone.agents.episode import Episode
 from hone.models.layers import positions_from_mask
 
 

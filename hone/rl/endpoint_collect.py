@@ -33,7 +33,7 @@ import shutil
 import subprocess
 from typing import Sequence
 
-from hone.agents.rollout import Episode, Switch, episode_seed
+from hone.agents.episode import Episode, Switch, episode_seed
 from hone.errors import InputError
 from hone.rl.episode_collect import AgentRollouts
 from hone.serve.engine_loop import Settings

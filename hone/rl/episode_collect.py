@@ -22,7 +22,8 @@ import time
 import numpy as np
 
 from hone.agents.episode_rows import episode_rows, turn_arrays
-from hone.agents.rollout import Episode, Switch, episode_metrics, rollout
+from hone.agents.episode import Episode, Switch, episode_metrics
+from hone.agents.rollout import rollout
 from hone.grading import is_correct
 from hone.rl.rollout import PolicyView, step_seed
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import jax
 
 from hone.agents.render import after_turn_text
-from hone.agents.rollout import Episode
+from hone.agents.episode import Episode
 from hone.agents.tool_messages import for_template
 from hone.sampling.generate import encode_prompt
 from hone.serve.engine_loop import Settings

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from hone.agents.rollout import Switch, rollout
+from hone.agents.episode import Switch
+from hone.agents.rollout import rollout
 from hone.errors import InputError
 from scripted import EXAMPLES, KW, Counter
 from test_rollout import TOL, teacher_forced

@@ -10,7 +10,8 @@ import pytest
 from flax import nnx
 
 from hone.agents.render import after_turn_text
-from hone.agents.rollout import episode_metrics, rollout
+from hone.agents.episode import episode_metrics
+from hone.agents.rollout import rollout
 from scripted import ENDS, EXAMPLES, KW, Counter
 from hone.sampling.engine import TRACES
 

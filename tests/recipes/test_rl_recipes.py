@@ -158,7 +158,10 @@ def test_dynamic_sampling_refills_groups_whose_rewards_are_equal(tmp_path):
     ("grpo", GRPOConfig, ["grpo.engine=paged", "grpo.max_seqs=3"]),
     # asynchronous: each rollout a version behind, the SIGTERM lands during a rollout on its
     # thread, and the rollout in flight is sampled again on resume (hone.train.lagged)
-    ("grpo", GRPOConfig, ["grpo.max_staleness=1", "grpo.tis_cap=2.0"])])
+    ("grpo", GRPOConfig, ["grpo.max_staleness=1", "grpo.tis_cap=2.0"]),
+    # PPO a version behind: the critic, the EMA reference and the KL coefficient resume too
+    ("ppo", PPOConfig, ["ppo.max_staleness=1", "ppo.reference=ema", "ppo.kl_target=0.01",
+                        "ppo.kl_horizon=100"])])
 def test_sigterm_mid_run_resumes_exactly(name, cls, extra, tmp_path):
     run = run_grpo if name == "grpo" else run_ppo
     common = ["train.max_steps=6", "checkpoint.every_steps=100", "data.eval_path=null",
@@ -171,12 +174,15 @@ def test_sigterm_mid_run_resumes_exactly(name, cls, extra, tmp_path):
     with pytest.raises(Interrupted):
         run(cfg, **QUIET)
     # Step 3's rollout runs during update 2 when the rollouts are a version behind.
-    saved = "2" if "grpo.max_staleness=1" in extra else "3"
+    lagged = any(x.endswith("max_staleness=1") for x in extra)
+    saved = "2" if lagged else "3"
     assert (tmp_path / "stopped" / "checkpoints" / saved).exists()
     _, resumed, _ = run(cfg, **QUIET)
     drop = ("rollout_s", "update_s", "tokens_per_s", "step_s", "rollout_wait_s", "overlap_s")
     clean = lambda m: [{k: v for k, v in r.items() if k not in drop} for r in m]  # noqa: E731
     assert clean(rows(tmp_path / "stopped")) == clean(rows(tmp_path / "straight"))
+    if lagged:  # step 1 samples with the initial policy, every later step a version behind
+        assert [r["policy_lag"] for r in rows(tmp_path / "straight")] == [0, 1, 1, 1, 1, 1]
     for k in straight["params"]:
         assert np.array_equal(np.asarray(straight["params"][k]), np.asarray(resumed["params"][k]))
     if name == "ppo":

@@ -203,7 +203,7 @@ def report(results: dict, sft_cfg, grpo_cfg, args) -> str:
         f"Without tools: the question as one user turn, {results['a_no_tools']['max_new_tokens']} "
         "new tokens. As an agent: one greedy episode with the bundled calculator "
         f"(hone.agents.tasks:ArithmeticTool; up to {a.max_turns} turns of {g.max_new_tokens} "
-        f"tokens, {a.max_episode_tokens} tokens per episode, opening of 227-232 tokens: system "
+        f"tokens, {a.max_episode_tokens} tokens per episode, opening of 226-241 tokens: system "
         "prompt with the tool's description), scored as `hone eval accuracy --config "
         "configs/smollm2/agent_calculator_grpo.yaml` scores it: the final reply's number "
         "against the answer.",

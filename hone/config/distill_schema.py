@@ -85,6 +85,13 @@ class DistillSection:
     max_new_tokens: int = field(default=64, metadata={"min": 1})
     # sequence / on_policy generation: sampling temperature (0 = greedy).
     gen_temperature: float = field(default=1.0, metadata={"min": 0.0})
+    # sequence / on_policy generation: paged = the rollout engine (docs/guides/rollouts.md: at
+    # most max_seqs sequences at once over a paged cache, a finished one's place taken by the
+    # next); static = the lockstep sampler; auto = paged on a CPU, static on a GPU or TPU (as
+    # the RL sections' engine).
+    engine: str = field(default="auto", metadata={"choices": ("auto", "paged", "static")})
+    # Sequences the paged engine decodes at once; None = every answer of the batch, at most 64.
+    max_seqs: int | None = field(default=None, metadata={"min": 1})
     # A JSON object {"student id": teacher id} for a student whose vocabulary differs from the
     # teacher's but splits text into the same pieces (a pruned or reordered vocabulary);
     # None = one vocabulary.

@@ -3,7 +3,8 @@ are replaced by the student's own samples, and the teacher's distribution is dis
 otherwise the batch's data completions are used (supervised KD).
 
 This is the loop's `prepare` hook: it runs on the host before each step, with the student's
-current weights (the sampler takes them as jit arguments: no recompilation, no copy). The coin
+current weights (the sampler takes them as jit arguments: no recompilation, no copy), on the
+rollout engine the RL recipes sample with (`distill.engine`, `distill.max_seqs`). The coin
 and the sampler seed are functions of (train.seed, step), so a resumed run makes the same
 choices and draws the same samples as an uninterrupted one.
 
@@ -43,6 +44,7 @@ class OnPolicy:
 
     def __call__(self, state: dict, batch: dict, step: int) -> tuple[dict, dict]:
         from hone.sampling.generate import generate
+        from hone.sampling.paged import rollout_engine
         if not self.coin(step):
             return batch, {"on_policy": 0.0}
         prompts = split_prompts(batch)
@@ -54,7 +56,8 @@ class OnPolicy:
         outs = iter(generate(
             self.student_of(state["params"]), self.tokenizer, real, max_new_tokens=new_tokens,
             temperature=self.d.gen_temperature, seed=step_seed(self.seed, step),
-            min_prompt_bucket=self.max_length))
+            min_prompt_bucket=self.max_length, engine=rollout_engine(self.d.engine),
+            max_seqs=self.d.max_seqs))
         rows, lengths = [], []
         for i, prompt in enumerate(prompts):
             if prompt is None:

@@ -33,8 +33,10 @@ def teacher_dataset(cfg, teacher, tokenizer, run_dir: Path, *, batch_size: int =
         raise InputError("sequence-level distillation needs prompts: records with `messages` "
                          "or `prompt`/`completion`, not plain text", path=d.path)
     tmp = out.with_name(FILE + ".partial")
+    from hone.sampling.paged import rollout_engine
     kw = dict(max_new_tokens=cfg.distill.max_new_tokens,
-              temperature=cfg.distill.gen_temperature)
+              temperature=cfg.distill.gen_temperature,
+              engine=rollout_engine(cfg.distill.engine), max_seqs=cfg.distill.max_seqs)
     with tmp.open("w") as f:
         for start in range(0, len(prompts), batch_size):
             outs = generate(teacher, tokenizer, prompts[start:start + batch_size],

@@ -7,7 +7,7 @@ KV cache (hone/sampling/cache.py): per layer a key and a value buffer [B, K, S, 
 S = prompt + new tokens (a sliding layer keeps at most its window), in grpo.cache_dtype
 (auto: the weights' dtype). B is every sampled sequence (prompts x group) split over the batch
 axes; tp splits the kv heads. On the paged engine (grpo.engine: paged, and agent episodes)
-the cache is the page pool instead (hone/sampling/scheduler.py): 1 + max_seqs x
+the cache is the page pool instead (hone/sampling/scheduler.py): 2 + max_seqs x
 ceil(len / 64) pages of 64 slots per layer, every layer holding every slot, on one device.
 """
 
@@ -23,11 +23,12 @@ PAGE_SIZE = 64  # the paged engine's default page
 
 def pool_pages(p: PlanInput) -> int:
     """The paged engine's default pool: enough pages for max_seqs sequences of the longest
-    length, plus the trash page (0 on the static engine)."""
+    length, plus the trash page and the page a sample forked from a waiting group copies (0 on
+    the static engine)."""
     if not p.rollout_rows or p.engine != "paged":
         return 0
     seqs = p.max_seqs or min(64, p.rollout_rows)
-    return 1 + seqs * -(-p.rollout_len // PAGE_SIZE)
+    return 2 + seqs * -(-p.rollout_len // PAGE_SIZE)
 
 
 def cache_bytes(p: PlanInput) -> float:

@@ -77,7 +77,9 @@ class PagedEngine(Admission):
         self.max_len = max_len or cfg.max_position_embeddings
         self.prefill_chunk, self.sync_steps = prefill_chunk, sync_steps
         self.cache_dtype = jnp.dtype(cache_dtype or model.embedder.embedding[...].dtype)
-        self.num_pages = num_pages or 1 + max_seqs * pages_for(self.max_len, page_size)
+        # The trash page, max_seqs sequences of max_len, and one page more: a sample forked
+        # from a group that stays (its other samples wait) copies the group's last page.
+        self.num_pages = num_pages or 2 + max_seqs * pages_for(self.max_len, page_size)
         self.table_width = pages_for(self.max_len, page_size)  # decode's page-table columns
         self.kv_bytes = pool_bytes(model, self.num_pages, page_size, self.cache_dtype)
         self.pools = None

@@ -64,12 +64,13 @@ def test_kv_cache_by_hand():
     # 2 (k, v) x 8 rows per device x 2 layers x 96 slots x 2 kv heads x 16 x 4 bytes
     assert cache_bytes(p) == 2 * 8 * 2 * 96 * 2 * 16 * 4
     assert cache_bytes(p.with_(cache_dtype="bfloat16")) == cache_bytes(p) / 2
-    # The paged engine's pool: 1 trash page + 4 sequences x ceil(96 / 64) pages, on one device
+    # The paged engine's pool: 1 trash page + 4 sequences x ceil(96 / 64) pages + 1 page for a
+    # forked sample's copy, on one device
     paged = p.with_(engine="paged", max_seqs=4)
-    assert pool_pages(paged) == 1 + 4 * 2
-    assert cache_bytes(paged) == 2 * 2 * 9 * 64 * 2 * 16 * 4
-    assert pool_pages(p.with_(engine="paged")) == 1 + 16 * 2  # max_seqs: every row, at most 64
-    assert "9 pages of 64 slots" in next(iter(rollout_lines(paged)))
+    assert pool_pages(paged) == 2 + 4 * 2
+    assert cache_bytes(paged) == 2 * 2 * 10 * 64 * 2 * 16 * 4
+    assert pool_pages(p.with_(engine="paged")) == 2 + 16 * 2  # max_seqs: every row, at most 64
+    assert "10 pages of 64 slots" in next(iter(rollout_lines(paged)))
 
 
 def test_a_policy_lag_keeps_versions_and_both_phases_at_once():

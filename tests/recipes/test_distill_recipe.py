@@ -126,6 +126,36 @@ def test_on_policy_samples_reproducibly_and_lowers_kl(tmp_path, teacher):
     assert split_prompts(batch) == [[5, 6]]
 
 
+def test_on_policy_samples_on_the_rollout_engine(tmp_path, teacher):
+    """The student's samples come from the engine distill.engine names: on the paged engine
+    they do not depend on how many sequences decode at once, and they are not the static
+    sampler's draws (each paged sequence has a key of its own)."""
+    from hone.data.collate import pad_rows
+    from hone.data.sft import Example
+    from hone.distill.on_policy import OnPolicy
+    from hone.tokenizer import load_tokenizer
+    from hone.weights.loading import load_model
+    model, tok = load_model(teacher), load_tokenizer(teacher)
+    width, rows = 24, []
+    for question in ("12 + 7 =", "3 * 4 =", "9 - 2 ="):
+        ids = tok.encode(question) + [5, 6]  # a two-token data completion
+        rows.append(Example(np.asarray(ids, np.int32), np.arange(len(ids)) >= len(ids) - 2))
+    batch = pad_rows(rows, width, 0)
+
+    def sampled(*overrides):
+        cfg = config(tmp_path, teacher, "distill.mode=on_policy", "distill.lmbda=1.0",
+                     "distill.max_new_tokens=12", *overrides)
+        out, metrics = OnPolicy(cfg, tok, lambda params: model, width, 0)({"params": None},
+                                                                          batch, 1)
+        assert metrics["on_policy"] == 1.0
+        return out["tokens"].tolist()
+
+    one = sampled("distill.engine=paged", "distill.max_seqs=1")
+    assert sampled("distill.engine=paged", "distill.max_seqs=3") == one
+    assert sampled("distill.engine=static") != one
+    assert sampled("distill.engine=auto") == one  # paged on a CPU
+
+
 def test_resume_continues_exactly_and_exports(tmp_path, teacher):
     """A run resumed from its step-3 checkpoint (the step-6 one deleted, as if killed) ends
     with bit-identical parameters; the student exports with its one block."""

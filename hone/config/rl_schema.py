@@ -296,11 +296,9 @@ class RLConfig(TrainConfig):
                              f"the weights never change during a rollout) and a turn below "
                              f"agent.max_turns ({a.max_turns}), got {a.switch_turn}",
                              key="agent.switch_turn")
-        if a.endpoint is not None and (a.environment is not None or a.tools
-                                       or a.switch_turn is not None):
+        if a.endpoint is not None and (a.environment is not None or a.tools):
             raise InputError("an endpoint process is the environment: give no agent.environment "
-                             "or agent.tools beside it (and no switch_turn: its episodes run "
-                             "with one version)", key="agent.endpoint")
+                             "or agent.tools beside it", key="agent.endpoint")
         if a.environment is not None and a.tools:
             raise InputError("give an environment or tools, not both (an environment brings "
                              "its own tools)", key="agent.tools")

@@ -19,6 +19,11 @@ episode limits apply whatever the program asks for. Episode i-j samples with key
 seed, the step and its number alone, so with a deterministic program a rollout is a function of
 the weights and the data, like the in-process environments' (resume stays exact).
 
+Partial episodes (agent.switch_turn with a policy lag): the server answers each episode's turns
+from the switch's on with the next version's weights (hone/serve/http.py `Server(switch=)`), and
+the sessions record the version of every sampled token; a version that will not come (a
+rollback, a stop) fails the waiting requests and is raised here once the program is done.
+
 A program that exits with an error or runs past `agent.endpoint_timeout_s` stops the rollout
 with an error naming the command and the end of its stderr; an episode it gives no reward gets
 0 (counted as `agent/missing_rewards`).
@@ -101,7 +106,8 @@ class EndpointRollouts(AgentRollouts):
                         for i, r in enumerate(records) for j in range(g))
         server = Server(model, self.tokenizer, name="policy", port=0,
                         max_seqs=s.max_seqs or min(64, len(ids)), max_len=a.max_episode_tokens,
-                        sessions=sessions, timeout_s=a.endpoint_timeout_s).start()
+                        sessions=sessions, timeout_s=a.endpoint_timeout_s, version=version,
+                        switch=switch).start()
         env = dict(os.environ, HONE_BASE_URL=server.url, HONE_MODEL="policy",
                    HONE_API_KEY="none")
         try:
@@ -113,11 +119,13 @@ class EndpointRollouts(AgentRollouts):
                              f"{_tail(e.stderr)}", key="agent.endpoint") from None
         finally:
             server.close()
+        if server.failure is not None:  # the next version will not come (a rollback, a stop)
+            raise server.failure
         if done.returncode != 0:
             raise InputError(f"{a.endpoint!r} exited with {done.returncode}; its stderr ended: "
                              f"{_tail(done.stderr)}", key="agent.endpoint")
         rewards = results(done.stdout, ids)
-        return [sessions.episode(e, rewards.get(e), version) for e in ids]
+        return [sessions.episode(e, rewards.get(e)) for e in ids]
 
 
 def _tail(text, n: int = 600) -> str:

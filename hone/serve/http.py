@@ -38,15 +38,26 @@ class Server:
 
     def __init__(self, model, tokenizer, *, name: str = "hone", host: str = "127.0.0.1",
                  port: int = 8000, seed: int = 0, max_seqs: int = 8, max_len: int = 2048,
-                 page_size: int = 64, timeout_s: float = 600.0, log=None, sessions=None):
+                 page_size: int = 64, timeout_s: float = 600.0, log=None, sessions=None,
+                 version: int = 0, switch=None):
         """sessions: a hone.serve.sessions.Sessions that requests naming an episode are
-        recorded in (a trainer's rollout); None: such requests are refused."""
+        recorded in (a trainer's rollout); None: such requests are refused. version: the
+        policy version `model` is recorded as in them; switch: a hone.agents.episode.Switch,
+        whose weights sample an episode's turns from its `turn` on (asynchronous RL's partial
+        episodes: a second engine over them, made when the first such turn comes, which may
+        wait for the weights to exist)."""
         max_len = min(max_len, model.config.max_position_embeddings)
         self.tokenizer, self.name, self.seed, self.timeout_s = tokenizer, name, seed, timeout_s
         self.sessions = sessions
         self.eos = set(int(e) for e in getattr(tokenizer, "eos_ids", ()) or ())
         self.loop = EngineLoop(model, eos_ids=sorted(self.eos), max_seqs=max_seqs,
                                max_len=max_len, page_size=page_size)
+        self.version, self.switch = version, switch
+        self.engine_kw = dict(eos_ids=sorted(self.eos), max_seqs=max_seqs, max_len=max_len,
+                              page_size=page_size)
+        self.later: EngineLoop | None = None  # the switch's engine, once a turn needs it
+        self.later_lock = threading.Lock()
+        self.failure: BaseException | None = None  # the switch's weights did not come
         self.arrivals = itertools.count()
         self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.http = ThreadingHTTPServer((host, port), _handler(self))
@@ -71,6 +82,8 @@ class Server:
         self.http.shutdown()
         self.http.server_close()
         self.loop.close()
+        if self.later is not None:
+            self.later.close()
 
     def key(self, seed: int | None) -> jax.Array:
         """A request's sampling key: its own seed's, else the server's folded with its
@@ -94,15 +107,34 @@ class Server:
         if budget < 1:
             raise BadRequest("the episode has used its max_episode_tokens", "messages")
         req.prompt, req.settings = prompt, sessions.settings
-        pending = self.loop.submit(Request(prompt, budget, key), sessions.settings)
+        loop, version = self._engine_for(session.turns)
+        pending = loop.submit(Request(prompt, budget, key, policy_version=version),
+                              sessions.settings)
         sample = pending.samples(timeout=self.timeout_s)[0]
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         body = response(self.tokenizer, req, [sample], self.eos, rid)
         text, ended = reply_text(self.tokenizer, sample.tokens, self.eos)
         said = body["choices"][0]["message"]
         sessions.record(session, sample, text, ended,
-                        messages_of({"messages": [said]})[0])
+                        messages_of({"messages": [said]})[0], version)
         return body
+
+    def _engine_for(self, turn: int) -> tuple[EngineLoop, int]:
+        """(the engine, the policy version) of an episode's model turn `turn` (0-based)."""
+        s = self.switch
+        if s is None or turn < s.turn:
+            return self.loop, self.version
+        with self.later_lock:
+            if self.failure is not None:
+                raise self.failure
+            if self.later is None:
+                try:
+                    model = s.model()
+                except BaseException as e:  # e.g. the lag's Cancelled: kept for the trainer
+                    self.failure = e
+                    raise
+                self.later = EngineLoop(model, **self.engine_kw)
+        return self.later, s.version
 
 
 def _handler(server: Server):

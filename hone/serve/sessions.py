@@ -54,6 +54,7 @@ class Session:
     limit: str | None = None
     turn_ends: list[int] = field(default_factory=list)
     messages: list[dict] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # per token; -1 where not sampled
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -107,6 +108,7 @@ class Sessions:
             session.tokens += ids
             session.model_mask += [0] * len(ids)
             session.logprobs += [0.0] * len(ids)
+            session.versions += [-1] * len(ids)
         else:
             if session.calls:
                 session.restarts += 1
@@ -115,6 +117,7 @@ class Sessions:
                                                              **extra))
             session.tokens, session.model_mask = list(ids), [0] * len(ids)
             session.logprobs, session.prompt_len = [0.0] * len(ids), len(ids)
+            session.versions = [-1] * len(ids)
             session.history, session.extra, session.turn_ends = msgs, extra, []
         session.seen = list(messages)
         session.messages = list(messages)
@@ -131,9 +134,12 @@ class Sessions:
         session.calls += 1
         return list(session.tokens), max(budget, 0), key
 
-    def record(self, session: Session, sample, reply: str, ended: bool, message: dict) -> None:
-        """A reply was sampled: its ids join the episode; `message` is what the client got."""
+    def record(self, session: Session, sample, reply: str, ended: bool, message: dict,
+               version: int = 0) -> None:
+        """A reply was sampled (by policy `version`): its ids join the episode; `message` is
+        what the client got."""
         session.tokens += list(sample.tokens)
+        session.versions += [version] * len(sample.tokens)
         session.model_mask += [1] * len(sample.tokens)
         session.logprobs += [float(x) for x in sample.logprobs]
         session.turn_ends.append(len(session.tokens) - 1)
@@ -145,7 +151,7 @@ class Sessions:
         session.seen = session.seen + [message]
         session.messages = session.seen
 
-    def episode(self, episode: str, reward: float | None, version: int = 0) -> Episode:
+    def episode(self, episode: str, reward: float | None) -> Episode:
         """The trainer's Episode of a session: its tokens as recorded, the harness's reward
         (None: it gave none, so 0 and `missing_rewards` counted) on the last turn."""
         s = self.sessions.get(episode) or Session(-1)
@@ -156,7 +162,7 @@ class Sessions:
             ep.tokens, ep.model_mask, ep.logprobs = list(s.tokens), list(s.model_mask), list(
                 s.logprobs)
             ep.prompt_len, ep.turns, ep.turn_ends = s.prompt_len, len(s.turn_ends), list(s.turn_ends)
-            ep.versions = [version if m else -1 for m in s.model_mask]
+            ep.versions = list(s.versions)
             ep.limit = s.limit
         ep.messages = list(s.messages)
         if s.restarts:

@@ -158,3 +158,21 @@ def test_an_environment_in_an_outside_process_drives_the_policy_over_http_and_it
     assert start["eval_reward"] < 0.2 and last["eval_reward"] > 0.6
     assert last["completion_len_mean"] < first["completion_len_mean"]
     assert "agent/missing_rewards" not in last
+
+
+def test_partial_episodes_played_by_an_outside_process(tmp_path):
+    """agent.endpoint with a lag and agent.switch_turn 1: the program's second turns are served
+    by the next version's weights (a second engine in the server), which the episodes record."""
+    pytest.importorskip("openai")
+    cfg = load_config(GRPOConfig, str(ROOT / "configs/tiny/grpo.yaml"), [
+        f"run_dir={tmp_path}", "log.sinks=[jsonl]", "train.max_steps=3", "train.lr=6e-3",
+        f"agent.endpoint={sys.executable} {ROOT / 'tests/agents/endpoint_env.py'}",
+        "agent.max_episode_tokens=400", "grpo.max_prompt_tokens=144", "grpo.beta=0.0",
+        "rewards.length=0.0", "rewards.answer_match=0.0", "data.eval_path=null",
+        "grpo.max_staleness=1", "agent.switch_turn=1"])
+    run_grpo(cfg, log=lambda s: None)
+    m = rows(tmp_path)
+    assert [r["agent/turns_mean"] for r in m] == [2.0] * 3
+    # Step 1 samples both turns with version 0; later steps' second turns the next version.
+    assert m[0]["partial_fraction"] == 0.0 and m[0]["policy_lag"] == 0.0
+    assert all(r["partial_fraction"] == 1.0 and 0.0 < r["policy_lag"] < 1.0 for r in m[1:])

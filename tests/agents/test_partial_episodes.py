@@ -4,26 +4,15 @@ log-prob under that version."""
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 import pytest
-from flax import nnx
 
 from hone.agents.episode import Switch
 from hone.agents.rollout import rollout
 from hone.errors import InputError
+from perturb import perturbed as _perturbed
 from scripted import EXAMPLES, KW, Counter
 from test_rollout import TOL, teacher_forced
-
-
-def _perturbed(model, scale=0.05, seed=11):
-    """The same architecture with other weights (the 'next version')."""
-    graphdef, state = nnx.split(model)
-    leaves, tree = jax.tree.flatten(state)
-    keys = jax.random.split(jax.random.key(seed), len(leaves))
-    leaves = [x + scale * jax.random.normal(k, x.shape, x.dtype) if x.dtype.kind == "f" else x
-              for x, k in zip(leaves, keys)]
-    return nnx.merge(graphdef, jax.tree.unflatten(tree, leaves))
 
 
 def _spans(ep):

@@ -31,12 +31,12 @@ def _log_softmax(graphdef, state, tokens):
     return jax.nn.log_softmax(nnx.merge(graphdef, state)(tokens), axis=-1)
 
 
-def play(model, tok, seed=4, rewrite=False):
+def play(model, tok, seed=4, rewrite=False, **server_kw):
     """Two episodes of three model turns, a tool turn and a user turn between them."""
     sessions = Sessions(tok, seed=seed, settings=Settings(1.0, 50), max_new_tokens=10,
                         max_episode_tokens=480)
     server = Server(model, tok, port=0, max_seqs=4, max_len=512, page_size=16,
-                    sessions=sessions).start()
+                    sessions=sessions, **server_kw).start()
     client = openai.OpenAI(base_url=server.url, api_key="none", max_retries=0)
     said = {}
     try:
@@ -53,6 +53,9 @@ def play(model, tok, seed=4, rewrite=False):
                                 else {"role": "user", "content": "Go on."})
                 if rewrite and turn == 1:
                     messages = messages[:1] + messages[3:]
+    except openai.InternalServerError:
+        if server.failure is None:
+            raise
     finally:
         server.close()
     return sessions, said
@@ -103,3 +106,53 @@ def test_a_rewritten_history_starts_the_episode_over_and_says_so(tiny):
     assert ep.events == {"restarts": 1, "missing_rewards": 1} and ep.reward == 0.0
     assert ep.turns == 1  # the turn after the restart: the earlier ones are not in it
     assert np.asarray(ep.tokens)[np.asarray(ep.model_mask, bool)].tolist() == said["a"][2]
+
+
+def _teacher_forced(model, tokens):
+    lp = np.asarray(_log_softmax(*nnx.split(model), np.asarray(tokens)[None]))[0]
+    return lp[np.arange(len(tokens) - 1), np.asarray(tokens)[1:]]
+
+
+def test_partial_episodes_turns_from_the_switch_are_the_next_versions(tiny):
+    """Asynchronous RL's partial episodes through the server (agent.endpoint with
+    agent.switch_turn): turns from the switch's on sample with its weights on an engine of
+    their own and record its version; with the same weights the episodes are those of no
+    switch, with other weights each token's log-prob is a teacher-forced pass of the version
+    that sampled it."""
+    from hone.agents.episode import Switch
+    from perturb import perturbed
+    model, tok = tiny
+    plain, _ = play(model, tok)
+    same, _ = play(model, tok, version=3, switch=Switch(1, lambda: model, 4))
+    new = perturbed(model)
+    moved, said = play(model, tok, version=3, switch=Switch(2, lambda: new, 4))
+    for name in ("a", "b"):
+        a, b = plain.episode(name, 1.0), same.episode(name, 1.0)
+        assert a.tokens == b.tokens and a.logprobs == b.logprobs
+        first = b.turn_ends[0]
+        assert all(v == (-1 if not m else 3 if k <= first else 4)
+                   for k, (v, m) in enumerate(zip(b.versions, b.model_mask)))
+        ep = moved.episode(name, 1.0)
+        assert ep.tokens[:ep.turn_ends[1] + 1] == a.tokens[:a.turn_ends[1] + 1]
+        assert ep.tokens != a.tokens  # the new weights sampled the third turn
+        old_tf, new_tf = _teacher_forced(model, ep.tokens), _teacher_forced(new, ep.tokens)
+        for k in range(1, len(ep.tokens)):
+            if ep.model_mask[k]:
+                tf = old_tf if ep.versions[k] == 3 else new_tf
+                assert abs(tf[k - 1] - ep.logprobs[k]) <= 1e-4
+        assert ep.versions[-1] == 4 and ep.versions[ep.turn_ends[1]] == 3
+
+
+def test_a_switch_whose_weights_never_come_fails_the_rollout_not_the_server(tiny):
+    """The lag cancels a version that will not come (a rollback, a stop): the turn that waits
+    for it gets a 500, the failure is kept for the trainer to raise, and the turns before it
+    were served."""
+    from hone.agents.episode import Switch
+    from hone.train.lagged import Cancelled
+    model, tok = tiny
+
+    def never():
+        raise Cancelled("policy version 4 will not come")
+
+    sessions, said = play(model, tok, switch=Switch(1, never, 4))
+    assert len(said["a"]) == 1 and sessions.episode("a", None).turns == 1

@@ -85,6 +85,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="rollout: the lockstep sampler or the paged rollout engine")
     p.add_argument("--max-seqs", type=int, default=64,
                    help="rollout, paged engine: sequences decoded at once")
+    p.add_argument("--num-pages", type=int, default=None,
+                   help="rollout, paged engine: pages in the pool (default: room for "
+                   "--max-seqs sequences of the longest length; fewer preempt when full)")
     p.add_argument("--beta", type=float, default=0.04,
                    help="grpo: KL coefficient (0: no reference model)")
     p.add_argument("--steps", type=int, default=5,
@@ -131,7 +134,8 @@ def _shape(args) -> tuple[int, int, int]:
         raise InputError(f"--steps must be at least {0 if args.row == 'rollout' else 1}, got "
                          f"{args.steps}")
     for name, value in (("--batch", batch), ("--seq", seq),
-                        ("--generations", args.generations), ("--max-seqs", args.max_seqs)):
+                        ("--generations", args.generations), ("--max-seqs", args.max_seqs),
+                        ("--num-pages", 1 if args.num_pages is None else args.num_pages)):
         if value < 1:
             raise InputError(f"{name} must be at least 1, got {value}")
     if args.row in ("dpo", "grpo") and not 0 < prompt < seq:
@@ -166,7 +170,8 @@ def measure(args, log: Callable = print):
         common.pop("precision")
         got = rollout_row(args.model, args.workload, args.engine, prompts=batch,
                           generations=args.generations, prompt_len=prompt, limit=seq,
-                          max_seqs=args.max_seqs, **{k: v for k, v in common.items()
+                          max_seqs=args.max_seqs, num_pages=args.num_pages,
+                          **{k: v for k, v in common.items()
                                                      if k != "model"})
     else:
         got = grpo_row(prompts=batch, generations=args.generations, prompt_len=prompt,

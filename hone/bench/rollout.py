@@ -55,8 +55,9 @@ def static_kv_bytes(model, rows: int, slots: int, dtype) -> int:
 def rollout_row(model: str, workload: str, engine: str, *, prompts: int = 32,
                 generations: int = 8, prompt_len: int = 64, limit: int = 512,
                 max_seqs: int = 64, repeats: int = 1, seed: int = 0,
-                log: Callable = quiet) -> Measured:
-    """Time the rollout `repeats` times after a first (compiling) one."""
+                num_pages: int | None = None, log: Callable = quiet) -> Measured:
+    """Time the rollout `repeats` times after a first (compiling) one. num_pages: the paged
+    engine's pool (None: its default, room for max_seqs sequences of the longest length)."""
     import jax
     import jax.numpy as jnp
 
@@ -82,7 +83,8 @@ def rollout_row(model: str, workload: str, engine: str, *, prompts: int = 32,
                             eos_ids=(), seed=seed)
     else:
         max_seqs = min(max_seqs, prompts * generations)
-        paged = PagedEngine(net, max_seqs=max_seqs, max_len=prompt_len + limit)
+        paged = PagedEngine(net, max_seqs=max_seqs, max_len=prompt_len + limit,
+                            num_pages=num_pages)
         kv = paged.kv_bytes
         key = jax.random.key(seed)
 
@@ -106,7 +108,8 @@ def rollout_row(model: str, workload: str, engine: str, *, prompts: int = 32,
     extra = {"workload": workload, "engine": engine, "kv_bytes": kv, "generations": generations,
              "limit": limit, "prompt_len": prompt_len, "mean_length": float(np.mean(lengths))}
     if engine == "paged":
-        extra.update(max_seqs=max_seqs, preempted=paged.stats["preempted"],
+        extra.update(max_seqs=max_seqs, num_pages=paged.num_pages,
+                     preempted=paged.stats["preempted"],
                      peak_pages=paged.stats["peak_pages"], page_size=paged.page_size)
     # The FLOPs of the work asked for: each sample's prompt and its own length (what a static
     # row decodes past its length is not counted).

@@ -87,3 +87,23 @@ def test_help_has_examples(capsys):
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert "examples:" in out and "hone bench sft" in out
+
+
+def test_rollout_row_counts_the_drawn_lengths_on_either_engine(capsys):
+    """`hone bench rollout`: both engines make every sample's drawn length (the long-tail
+    draw), the paged pool is the smaller cache, and a pool too small for the sequences at once
+    preempts and still makes every token."""
+    from hone.bench.rollout import sample_lengths
+    args = ["rollout", "--model", "tiny", "--batch", "2", "--generations", "3", "--seq", "40",
+            "--steps", "0"]
+    drawn = sum(sample_lengths("long-tail", 6, 40))
+    _, static = bench(capsys, *args, "--engine", "static")
+    _, paged = bench(capsys, *args, "--engine", "paged", "--max-seqs", "6")
+    _, tight = bench(capsys, *args, "--engine", "paged", "--max-seqs", "6", "--num-pages", "5")
+    for got in (static, paged, tight):
+        assert REQUIRED <= set(got) and got["tokens_per_step"] == drawn
+        assert got["mean_length"] == pytest.approx(drawn / 6, abs=1e-4)  # printed rounded
+    assert paged["kv_bytes"] < static["kv_bytes"] and paged["preempted"] == 0
+    assert paged["num_pages"] == 2 + 6 * 2  # 64-token prompts + 40 tokens: two pages each
+    assert tight["num_pages"] == 5 and tight["preempted"] > 0 and tight["peak_pages"] <= 4
+    assert main(["bench", *args, "--num-pages", "0"]) == 2

@@ -152,7 +152,8 @@ def parse_request(body: Any, tokenizer, model_name: str, context: int) -> ChatRe
                                 or body.get("stream")):
         raise BadRequest("an episode (hone.episode) is a string id, with n = 1 and no stream",
                          "hone.episode")
-    prompt = render(tokenizer, messages, tools)
+    # An episode's prompt is its session's tokens (hone/serve/sessions.py), made when it runs.
+    prompt = [] if episode is not None else render(tokenizer, messages, tools)
     room = context - len(prompt)
     if room < 1:
         raise BadRequest(f"the conversation is {len(prompt)} tokens, the served context is "

@@ -138,9 +138,9 @@ def report(results: dict, cfg) -> str:
     s, g, a = results["setup"], cfg.grpo, cfg.agent
     best, step, curve = results["chosen_length"], results["chosen_step"], results["validation_curve"]
     lengths = "\n".join(
-        f"| {n} | {results[f'validation_sft_{n}']['accuracy']:.1%} |"
-        f"{' chosen' if n == best else ''}" for n in s["lengths"])
-    steps = "\n".join(f"| {k} | {v:.1%} |{' chosen' if int(k) == int(step) else ''}"
+        f"| {n} | {results[f'validation_sft_{n}']['accuracy']:.1%} | "
+        f"{'chosen' if n == best else ''} |" for n in s["lengths"])
+    steps = "\n".join(f"| {k} | {v:.1%} | {'chosen' if int(k) == int(step) else ''} |"
                       for k, v in sorted(curve.items(), key=lambda kv: int(kv[0])))
     tests, gains = [], []
     for name, source in TESTS.items():

@@ -14,6 +14,7 @@ ceil(len / 64) pages of 64 slots per layer, every layer holding every slot, on o
 from __future__ import annotations
 
 from hone.plan.inputs import PlanInput, param_bytes
+from hone.sampling.pages import default_pool
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 
@@ -28,7 +29,7 @@ def pool_pages(p: PlanInput) -> int:
     if not p.rollout_rows or p.engine != "paged":
         return 0
     seqs = p.max_seqs or min(64, p.rollout_rows)
-    return 2 + seqs * -(-p.rollout_len // PAGE_SIZE)
+    return default_pool(seqs, p.rollout_len, PAGE_SIZE)
 
 
 def cache_bytes(p: PlanInput) -> float:

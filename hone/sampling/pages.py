@@ -26,6 +26,13 @@ def pages_for(tokens: int, page_size: int) -> int:
     return -(-tokens // page_size)
 
 
+def default_pool(max_seqs: int, max_len: int, page_size: int) -> int:
+    """The engine's default pool: the trash page, max_seqs sequences of max_len, and one page
+    more, which a sample forked from a group that stays (its other samples wait) copies the
+    group's last page into."""
+    return 2 + max_seqs * pages_for(max_len, page_size)
+
+
 class PageAllocator:
     """Free list and reference counts of pages 1..num_pages-1 (page 0 is the trash page)."""
 

@@ -50,7 +50,7 @@ from hone.kernels.pallas_paged import IMPLS as PALLAS_IMPLS
 from hone.sampling.engine import pack_weights, split_for_sampling
 from hone.sampling.admission import Admission
 from hone.sampling.buckets import bucket, chunk_bucket, row_bucket
-from hone.sampling.pages import TRASH, PageAllocator, pages_for
+from hone.sampling.pages import TRASH, PageAllocator, default_pool, pages_for
 from hone.sampling.paged import (choose_first, copy_pages, decode_steps, init_pools, paged_route,
                                  pool_bytes, prefill_chunk)
 from hone.sampling.requests import PrefillJob, Request, Sample, SeqState, Turn, TurnCallback
@@ -77,9 +77,7 @@ class PagedEngine(Admission):
         self.max_len = max_len or cfg.max_position_embeddings
         self.prefill_chunk, self.sync_steps = prefill_chunk, sync_steps
         self.cache_dtype = jnp.dtype(cache_dtype or model.embedder.embedding[...].dtype)
-        # The trash page, max_seqs sequences of max_len, and one page more: a sample forked
-        # from a group that stays (its other samples wait) copies the group's last page.
-        self.num_pages = num_pages or 2 + max_seqs * pages_for(self.max_len, page_size)
+        self.num_pages = num_pages or default_pool(max_seqs, self.max_len, page_size)
         self.table_width = pages_for(self.max_len, page_size)  # decode's page-table columns
         self.kv_bytes = pool_bytes(model, self.num_pages, page_size, self.cache_dtype)
         self.pools = None

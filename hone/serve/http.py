@@ -50,11 +50,10 @@ class Server:
         self.tokenizer, self.name, self.seed, self.timeout_s = tokenizer, name, seed, timeout_s
         self.sessions = sessions
         self.eos = set(int(e) for e in getattr(tokenizer, "eos_ids", ()) or ())
-        self.loop = EngineLoop(model, eos_ids=sorted(self.eos), max_seqs=max_seqs,
-                               max_len=max_len, page_size=page_size)
-        self.version, self.switch = version, switch
         self.engine_kw = dict(eos_ids=sorted(self.eos), max_seqs=max_seqs, max_len=max_len,
-                              page_size=page_size)
+                              page_size=page_size)  # the switch's engine is made alike
+        self.loop = EngineLoop(model, **self.engine_kw)
+        self.version, self.switch = version, switch
         self.later: EngineLoop | None = None  # the switch's engine, once a turn needs it
         self.later_lock = threading.Lock()
         self.failure: BaseException | None = None  # the switch's weights did not come

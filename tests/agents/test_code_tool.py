@@ -18,9 +18,11 @@ import socket
 import subprocess
 import tempfile
 import time
+import types
 
 import pytest
 
+from hone.agents import code_tool
 from hone.agents.code_tool import (CHILD, CodeLimits, format_result, namespaces_available,
                                    run_code, run_python)
 from hone.agents.environment import ToolEnvironment
@@ -41,9 +43,10 @@ HARD = {**MODES, "rlimits only": UNGUARDED}
 MARK = "4242.5"  # the sleep of a background process a snippet tries to leave behind
 
 
-def leftovers() -> list[str]:
-    """Processes of a code run still alive: the child script, or anything still working in a
-    private folder (its cwd), or a marked sleeper."""
+def leftovers(root: str) -> list[str]:
+    """Processes of this test's code runs still alive: the child script, or anything still
+    working in a private folder (its cwd), or a marked sleeper. A run's processes carry its
+    folder, under `root`, as TMPDIR, so another pytest worker's runs are not counted."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -53,32 +56,41 @@ def leftovers() -> list[str]:
                 if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
                     continue
             cwd = os.readlink(f"/proc/{pid}/cwd")
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().decode(errors="replace")
         except OSError:
             continue
-        if CHILD in cmd or MARK in cmd or "hone-code-" in cwd:
+        ours = root in cwd or root in env
+        if ours and (CHILD in cmd or MARK in cmd or "hone-code-" in cwd):
             found.append(f"{pid}: {cmd[:120]} (cwd {cwd})")
     return found
 
 
 @pytest.fixture
-def host(tmp_path):
+def host(tmp_path, monkeypatch):
     """The host's state before a run, checked after it: the process group (a canary process in
-    it), a file and folder outside the run's folder, SIGUSR1 never delivered, no folders left."""
+    it), a file and folder outside the run's folder, SIGUSR1 never delivered, no folders left.
+    The tool's run folders go under this test's own temporary folder, so what another pytest
+    worker runs at the same time is not taken for a leftover."""
+    root = str(tmp_path / "runs")
+    os.mkdir(root)
+    monkeypatch.setattr(code_tool, "tempfile", types.SimpleNamespace(
+        mkdtemp=lambda **kw: tempfile.mkdtemp(dir=root, **kw)))
     received = []
     old = signal.signal(signal.SIGUSR1, lambda *a: received.append(1))
     canary = subprocess.Popen(["sleep", "60"])  # in this process's group
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "keep.txt").write_text("original")
-    folders = set(glob.glob(os.path.join(tempfile.gettempdir(), "hone-code-*")))
+    folders = set(glob.glob(os.path.join(root, "hone-code-*")))
     yield {"outside": str(outside), "pid": os.getpid(), "pgid": os.getpgid(0)}
     try:
         assert canary.poll() is None, "a process in the host's group was killed"
         assert received == [], "a signal reached the host"
         assert sorted(os.listdir(outside)) == ["keep.txt"]
         assert (outside / "keep.txt").read_text() == "original"
-        assert set(glob.glob(os.path.join(tempfile.gettempdir(), "hone-code-*"))) <= folders
-        assert leftovers() == []
+        assert set(glob.glob(os.path.join(root, "hone-code-*"))) <= folders
+        assert leftovers(root) == []
     finally:
         canary.kill()
         canary.wait()

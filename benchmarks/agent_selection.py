@@ -1,15 +1,20 @@
-"""The calculator agent with every choice made on a validation split: which warm start, and which
-GRPO checkpoint, are picked by greedy accuracy on builtin:calculator-agent-validation (operands
-of its own, half its questions in wordings no other set uses); the two test sets
-(builtin:calculator-agent-eval, held-out operands, and -eval-wordings, held-out operands in
-held-out wordings) are scored only once, on the chosen models.
+"""An agent with every choice made on a validation split: which warm start, and which GRPO
+checkpoint, are picked by greedy score on the task's validation set; the test sets are scored
+only once, on the chosen models. Tasks (--task):
 
-    .venv/bin/python benchmarks/agent_selection.py [--write] [--lengths 4,8,16,32] [--steps 30]
+- calculator: validation builtin:calculator-agent-validation (operands of its own, half its
+  questions in wordings no other set uses); tests builtin:calculator-agent-eval (held-out
+  operands) and -eval-wordings (held-out operands in held-out wordings); score: accuracy.
+- countdown: validation builtin:countdown-validation; test builtin:countdown-eval (puzzles that
+  occur in no other set); score: the mean reward (1 for a right "Answer:" expression).
 
-1. Warm start: LoRA SFT of configs/smollm2/agent_calculator_sft.yaml for each length L of
-   --lengths (separate runs, each with its own schedule), merged; each scored as an agent on the
-   first --questions validation questions; the best wins (a tie goes to the shorter).
-2. Agentic GRPO (configs/smollm2/agent_calculator_grpo.yaml) from that warm start for --steps
+    .venv/bin/python benchmarks/agent_selection.py [--task countdown] [--write]
+        [--lengths 4,8,16,32] [--steps 30]
+
+1. Warm start: LoRA SFT of configs/smollm2/agent_TASK_sft.yaml for each length L of --lengths
+   (separate runs, each with its own schedule), merged; each scored as an agent on the first
+   --questions validation records; the best wins (a tie goes to the shorter).
+2. Agentic GRPO (configs/smollm2/agent_TASK_grpo.yaml) from that warm start for --steps
    steps, its in-run evaluation pointed at the validation set every --every steps and a
    checkpoint kept at each; the best step wins (a tie goes to the earlier; step 0 is the warm
    start itself).
@@ -37,12 +42,34 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from agent_calculator import agent_row, keep, measure  # noqa: E402
 
-SFT = ROOT / "configs/smollm2/agent_calculator_sft.yaml"
-GRPO = ROOT / "configs/smollm2/agent_calculator_grpo.yaml"
-VALIDATION = "builtin:calculator-agent-validation"
-TESTS = {"operands": "builtin:calculator-agent-eval",
-         "wordings": "builtin:calculator-agent-eval-wordings"}
-TITLE = "Agents: calculator, settings chosen on a validation split"
+TASKS = {
+    "calculator": {
+        "sft": "configs/smollm2/agent_calculator_sft.yaml",
+        "grpo": "configs/smollm2/agent_calculator_grpo.yaml",
+        "traces": "builtin:calculator-traces",
+        "validation": "builtin:calculator-agent-validation",
+        "tests": {"operands": "builtin:calculator-agent-eval",
+                  "wordings": "builtin:calculator-agent-eval-wordings"},
+        "score": "accuracy", "curve": "eval_accuracy", "lengths": "4,8,16,32",
+        "title": "Agents: calculator, settings chosen on a validation split",
+        "validation_text": "operands that occur in no training or test question, every other "
+        "question in a training wording and the rest in three validation wordings per "
+        "operation that no other set uses",
+        "scoring": "one greedy episode per question with the calculator, the final reply's "
+        "number against the answer"},
+    "countdown": {
+        "sft": "configs/smollm2/agent_countdown_sft.yaml",
+        "grpo": "configs/smollm2/agent_countdown_grpo.yaml",
+        "traces": "builtin:countdown-traces",
+        "validation": "builtin:countdown-validation",
+        "tests": {"puzzles": "builtin:countdown-eval"},
+        "score": "reward_mean", "curve": "eval_reward", "lengths": "8,16,32,64",
+        "title": "Agents: countdown, settings chosen on a validation split",
+        "validation_text": "puzzles (three numbers from 2 to 25, a target from 10 to 99) that "
+        "occur in no training or test set",
+        "scoring": "one greedy episode per puzzle with the calculator, solved when the final "
+        "reply's \"Answer:\" expression uses each number once and makes the target"},
+}
 
 
 def note(text: str) -> None:
@@ -56,44 +83,52 @@ def hone(*args: str) -> None:
     subprocess.run(cmd, check=True, cwd=ROOT)
 
 
-def grpo_config(overrides: list[str]):
+def grpo_config(task: dict, overrides: list[str]):
     from hone.config import COMMANDS, load_config
-    return load_config(COMMANDS["grpo"], str(GRPO), overrides)
+    return load_config(COMMANDS["grpo"], str(ROOT / task["grpo"]), overrides)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", choices=sorted(TASKS), default="calculator")
     parser.add_argument("--questions", type=int, default=64, help="questions per set scored")
-    parser.add_argument("--lengths", default="4,8,16,32", help="warm start lengths to try")
+    parser.add_argument("--lengths", default=None,
+                        help="warm start lengths to try (default: the task's)")
     parser.add_argument("--steps", type=int, default=30, help="GRPO steps of the one run")
     parser.add_argument("--every", type=int, default=5, help="GRPO steps between validations")
-    parser.add_argument("--out", default="runs/bench-agent-selection")
+    parser.add_argument("--out", default=None,
+                        help="default runs/bench-agent-selection (calculator), "
+                        "runs/bench-agent-selection-TASK (others)")
     parser.add_argument("--write", action="store_true", help="write the RESULTS.md section")
     args = parser.parse_args()
     from hone.data.loader import load_records
 
-    out = (ROOT / args.out).resolve()
+    task = TASKS[args.task]
+    default_out = "runs/bench-agent-selection" + (
+        "" if args.task == "calculator" else f"-{args.task}")
+    out = (ROOT / (args.out or default_out)).resolve()
+    sft, grpo, score = ROOT / task["sft"], ROOT / task["grpo"], task["score"]
     out.mkdir(parents=True, exist_ok=True)
     path = out / "results.json"
     results = json.loads(path.read_text()) if path.exists() else {}
-    lengths = [int(x) for x in args.lengths.split(",")]
+    lengths = [int(x) for x in (args.lengths or task["lengths"]).split(",")]
     keep(results, path, "setup", {
         "date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} CPU cores, "
         f"{platform.machine()}, {platform.system()}", "questions": args.questions,
-        "lengths": lengths, "steps": args.steps, "every": args.every})
-    validation = load_records(VALIDATION, None, args.questions)
-    cfg = grpo_config([])
+        "lengths": lengths, "steps": args.steps, "every": args.every, "task": args.task})
+    validation = load_records(task["validation"], None, args.questions)
+    cfg = grpo_config(task, [])
 
     # 1. the warm start's length
     for length in lengths:
         run = out / f"sft-{length}"
         if not (run / "export").exists():
-            hone("sft", "--config", str(SFT), f"run_dir={run}", f"train.max_steps={length}",
+            hone("sft", "--config", str(sft), f"run_dir={run}", f"train.max_steps={length}",
                  f"checkpoint.every_steps={length}", "log.sinks=[jsonl]")
             hone("export", "--run", str(run), "--out", str(run / "export"))
         measure(results, path, f"validation_sft_{length}",
                 lambda run=run: agent_row(str(run / "export"), cfg, validation))
-    best = max(lengths, key=lambda n: (results[f"validation_sft_{n}"]["accuracy"], -n))
+    best = max(lengths, key=lambda n: (results[f"validation_sft_{n}"][score], -n))
     keep(results, path, "chosen_length", best)
     warm = out / f"sft-{best}" / "export"
 
@@ -101,14 +136,14 @@ def main() -> None:
     run = out / "grpo"
     if not (run / "metrics.jsonl").exists() or "grpo_s" not in results:
         t0 = time.perf_counter()
-        hone("grpo", "--config", str(GRPO), f"run_dir={run}", f"model.source={warm}",
+        hone("grpo", "--config", str(grpo), f"run_dir={run}", f"model.source={warm}",
              f"train.max_steps={args.steps}", f"train.eval_every={args.every}",
-             f"data.eval_path={VALIDATION}", f"grpo.eval_prompts={args.questions}",
+             f"data.eval_path={task['validation']}", f"grpo.eval_prompts={args.questions}",
              f"checkpoint.every_steps={args.every}",
              f"checkpoint.keep={args.steps // args.every + 1}", "log.sinks=[jsonl]")
         keep(results, path, "grpo_s", time.perf_counter() - t0)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    curve = {r["step"]: r["eval_accuracy"] for r in rows if "eval_accuracy" in r}
+    curve = {r["step"]: r[task["curve"]] for r in rows if task["curve"] in r}
     keep(results, path, "validation_curve", curve)
     keep(results, path, "train_curve", [
         {k: r[k] for k in ("step", "reward_mean", "rollout_s", "update_s") if k in r}
@@ -122,29 +157,30 @@ def main() -> None:
             hone("export", "--run", str(run), "--out", str(chosen), "--step", str(step))
 
     # 3. the test sets, once, on the chosen models
-    for name, source in TESTS.items():
+    for name, source in task["tests"].items():
         records = load_records(source, None, args.questions)
         measure(results, path, f"test_{name}_warm", lambda r=records: agent_row(str(warm), cfg, r))
         measure(results, path, f"test_{name}_grpo",
                 lambda r=records: agent_row(str(chosen), cfg, r))
-    section = report(results, cfg)
+    section = report(results, cfg, task)
     print(section)
     if args.write:
         from _driver import write_section
-        write_section(TITLE, section)
+        write_section(task["title"], section)
 
 
-def report(results: dict, cfg) -> str:
-    s, g, a = results["setup"], cfg.grpo, cfg.agent
+def report(results: dict, cfg, task: dict) -> str:
+    s, g, a, score = results["setup"], cfg.grpo, cfg.agent, task["score"]
+    unit = "accuracy" if score == "accuracy" else "solved"
     best, step, curve = results["chosen_length"], results["chosen_step"], results["validation_curve"]
     lengths = "\n".join(
-        f"| {n} | {results[f'validation_sft_{n}']['accuracy']:.1%} | "
+        f"| {n} | {results[f'validation_sft_{n}'][score]:.1%} | "
         f"{'chosen' if n == best else ''} |" for n in s["lengths"])
     steps = "\n".join(f"| {k} | {v:.1%} | {'chosen' if int(k) == int(step) else ''} |"
                       for k, v in sorted(curve.items(), key=lambda kv: int(kv[0])))
     tests, gains = [], []
-    for name, source in TESTS.items():
-        w, r = results[f"test_{name}_warm"]["accuracy"], results[f"test_{name}_grpo"]["accuracy"]
+    for name, source in task["tests"].items():
+        w, r = results[f"test_{name}_warm"][score], results[f"test_{name}_grpo"][score]
         gains.append((r - w) * 100)
         tests.append(f"| {source} | {w:.1%} | {r:.1%} | {(r - w) * 100:+.1f} |")
     met = all(x >= 10 for x in gains)
@@ -153,25 +189,23 @@ def report(results: dict, cfg) -> str:
     minutes = (sum(v["seconds"] for v in results.values() if isinstance(v, dict)
                    and "seconds" in v) + results.get("grpo_s", 0.0)) / 60
     return "\n".join([
-        f"## {TITLE}", "",
-        f"Measured {s['date']} on {s['machine']} with `benchmarks/agent_selection.py` "
-        f"(configs/smollm2/agent_calculator_sft.yaml, then agent_calculator_grpo.yaml). Every "
-        f"choice was made on the first {s['questions']} questions of {VALIDATION}: operands "
-        "that occur in no training or test question, every other question in a training "
-        "wording and the rest in three validation wordings per operation that no other set "
-        "uses. The test sets were scored once, after both choices, on the chosen models only. "
-        "Scoring: one greedy episode per question with the calculator, the final reply's "
-        f"number against the answer (up to {a.max_turns} turns of {g.max_new_tokens} tokens).",
+        f"## {task['title']}", "",
+        f"Measured {s['date']} on {s['machine']} with `benchmarks/agent_selection.py --task "
+        f"{s.get('task', 'calculator')}` ({task['sft']}, then {task['grpo']}). Every choice was "
+        f"made on the first {s['questions']} records of {task['validation']}: "
+        f"{task['validation_text']}. The test sets were scored once, after both choices, on "
+        f"the chosen models only. Scoring: {task['scoring']} (up to {a.max_turns} turns of "
+        f"{g.max_new_tokens} tokens).",
         "",
-        "1. Warm start: LoRA SFT on builtin:calculator-traces, one run per length (each with "
-        "its own warmup and cosine schedule), merged; validation accuracy:", "",
-        "| SFT steps | validation accuracy | |", "|---|---|---|", lengths, "",
+        f"1. Warm start: LoRA SFT on {task['traces']}, one run per length (each with its own "
+        f"warmup and cosine schedule), merged; validation {unit}:", "",
+        f"| SFT steps | validation {unit} | |", "|---|---|---|", lengths, "",
         f"2. Agentic GRPO from the {best}-step warm start, {s['steps']} steps x "
         f"{cfg.train.batch_size // g.group_size} questions x {g.group_size} episodes (lr "
         f"{cfg.train.lr}, temperature {g.temperature}, {g.loss_agg}, clip "
         f"{g.clip_eps}/{g.clip_eps_high}: the config's settings, not tuned here), validated "
         f"every {s['every']} steps inside the run:", "",
-        "| GRPO step | validation accuracy | |", "|---|---|---|", steps, "",
+        f"| GRPO step | validation {unit} | |", "|---|---|---|", steps, "",
         f"3. The test sets (first {s['questions']} questions each), scored once:", "",
         f"| test set | warm start ({best} steps) | GRPO (step {step}) | points |",
         "|---|---|---|---|", *tests, "",

@@ -7,6 +7,11 @@ number-guessing game.
   tool support, such as SmolLM2's), and `builtin:calculator-traces` shows that same system text.
   Reward: 1.0 when the final reply's answer (`is_correct`: the last "The answer is N", else its
   last number) equals the record's answer, else 0.0.
+- `Countdown`: records {"prompt", "numbers": [3, 7, 25], "target": 46}
+  (`builtin:countdown`, hone.datasets.countdown). The model tries expressions with the
+  calculator and answers "Answer: EXPR". Reward (`expression_reward`): 1.0 when the expression
+  after the final reply's last "Answer:" uses each given number exactly once, only + - * / and
+  parentheses, and equals the target; else 0.0.
 - `GuessNumber`: a secret whole number in [lo, hi] (the record's "secret", "lo", "hi" when given,
   else drawn from self.rng); the model guesses, the environment says "higher", "lower" or
   "correct". Reward 1.0 - turn_cost * (guesses - 1) when found within max_turns, else 0.0; a reply
@@ -15,7 +20,10 @@ number-guessing game.
 
 from __future__ import annotations
 
+import ast
 import re
+from collections import Counter
+from fractions import Fraction
 
 from hone.agents.calculator import calculator
 from hone.agents.environment import Environment, Step, ToolEnvironment
@@ -39,6 +47,54 @@ class ArithmeticTool(ToolEnvironment):
 
     def __init__(self, *, max_turns: int = 4, timeout_s: float = 5.0, runner=None, parser=None):
         super().__init__([calculator], answer_reward, system_prompt=ARITHMETIC_SYSTEM_PROMPT,
+                         max_turns=max_turns, parser=parser, timeout_s=timeout_s, runner=runner)
+
+
+COUNTDOWN_SYSTEM_PROMPT = (
+    "You solve number puzzles with the calculator tool. Try an expression that uses each given "
+    "number exactly once with the calculator; if its result is not the target, try another. When "
+    "the calculator shows the target, reply with \"Answer: \" and that expression.")
+_ANSWER = re.compile(r"answer\s*:", re.IGNORECASE)
+_COUNTDOWN_OPS = {ast.Add: Fraction.__add__, ast.Sub: Fraction.__sub__,
+                  ast.Mult: Fraction.__mul__, ast.Div: Fraction.__truediv__}
+
+
+def _countdown_value(node: ast.AST, used: list[int]) -> Fraction:
+    """The exact value of a +-*/ expression of whole numbers; the numbers go to `used`."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        used.append(node.value)
+        return Fraction(node.value)
+    if isinstance(node, ast.BinOp) and type(node.op) in _COUNTDOWN_OPS:
+        left, right = _countdown_value(node.left, used), _countdown_value(node.right, used)
+        if isinstance(node.op, ast.Div) and right == 0:
+            raise ZeroDivisionError
+        return _COUNTDOWN_OPS[type(node.op)](left, right)
+    raise ValueError("only whole numbers, parentheses and + - * / are allowed")
+
+
+def expression_reward(example: dict, messages: list[dict], reply: str) -> float:
+    """1.0 when the expression after the reply's last "Answer:" (up to the line's end or an
+    "=") uses example["numbers"] each exactly once and equals example["target"], else 0.0."""
+    found = list(_ANSWER.finditer(reply))
+    if not found:
+        return 0.0
+    text = reply[found[-1].end():].split("\n", 1)[0].split("=", 1)[0].strip().rstrip(".")
+    if not text or len(text) > 200:
+        return 0.0
+    used: list[int] = []
+    try:
+        value = _countdown_value(ast.parse(text, mode="eval").body, used)
+    except (SyntaxError, ValueError, ZeroDivisionError, RecursionError):
+        return 0.0
+    numbers = [int(n) for n in example["numbers"]]
+    return 1.0 if Counter(used) == Counter(numbers) and value == int(example["target"]) else 0.0
+
+
+class Countdown(ToolEnvironment):
+    """Reach a target from given numbers, checking tries with the bundled calculator."""
+
+    def __init__(self, *, max_turns: int = 4, timeout_s: float = 5.0, runner=None, parser=None):
+        super().__init__([calculator], expression_reward, system_prompt=COUNTDOWN_SYSTEM_PROMPT,
                          max_turns=max_turns, parser=parser, timeout_s=timeout_s, runner=runner)
 
 

@@ -10,6 +10,7 @@ from typing import Callable
 
 from hone.datasets import arithmetic as _arithmetic
 from hone.datasets import calculator_agent as _calculator
+from hone.datasets import countdown as _countdown
 from hone.datasets import guess as _guess
 from hone.grading import extract_answer, is_correct  # where they were first, kept for callers
 
@@ -25,6 +26,10 @@ BUILTIN: dict[str, Callable[[], list[dict]]] = {
     "calculator-agent-eval-wordings": _calculator.calculator_agent_eval_wordings,
     "calculator-agent-validation": _calculator.calculator_agent_validation,
     "calculator-traces": _calculator.calculator_agent_traces,
+    "countdown": _countdown.countdown,
+    "countdown-eval": _countdown.countdown_eval,
+    "countdown-traces": _countdown.countdown_agent_traces,
+    "countdown-validation": _countdown.countdown_validation,
     "guess-number": _guess.guess_number,
     "guess-number-eval": _guess.guess_number_eval,
 }

@@ -65,7 +65,8 @@ def agent_row(source: str, cfg, records: list[dict]) -> dict:
     r = agent_accuracy(model, tokenizer, cfg, records, batch_size=32, log=note)
     del model
     gc.collect()
-    examples = [{"prompt": rec["prompt"], "answer": rec["answer"], "reply": reply}
+    examples = [{"prompt": rec["prompt"], "answer": rec.get("answer", rec.get("target")),
+                 "reply": reply}
                 for rec, reply in list(zip(records, r.replies))[:3]]
     return {**r.as_dict(), "examples": examples}
 

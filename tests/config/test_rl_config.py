@@ -12,7 +12,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.parametrize("cls,path", [
     (GRPOConfig, "configs/tiny/grpo.yaml"), (GRPOConfig, "configs/smollm2/grpo_lora.yaml"),
-    (PPOConfig, "configs/tiny/ppo.yaml"), (PPOConfig, "configs/smollm2/ppo_lora.yaml")])
+    (PPOConfig, "configs/tiny/ppo.yaml"), (PPOConfig, "configs/smollm2/ppo_lora.yaml"),
+    (GRPOConfig, "configs/smollm2/agent_calculator_grpo.yaml"),
+    (GRPOConfig, "configs/smollm2/agent_countdown_grpo.yaml")])
 def test_shipped_rl_configs_load(cls, path):
     cfg = load_config(cls, str(ROOT / path))
     section = cfg.grpo if cls is GRPOConfig else cfg.ppo

@@ -17,11 +17,14 @@ def question(record):
 
 
 def test_registry_names_and_sizes():
-    # the calculator-agent sets are checked in tests/agents/test_tasks.py
+    # the calculator-agent sets are checked in tests/agents/test_tasks.py, countdown's in
+    # tests/agents/test_countdown.py
     assert set(BUILTIN) == set(SETS) | {"calculator-agent", "calculator-agent-eval",
                                         "calculator-agent-eval-wordings",
                                         "calculator-agent-validation",
-                                        "calculator-traces", "guess-number", "guess-number-eval"}
+                                        "calculator-traces", "countdown", "countdown-eval",
+                                        "countdown-traces", "countdown-validation",
+                                        "guess-number", "guess-number-eval"}
     for name in SETS:
         assert len(BUILTIN[name]()) == (200 if name.endswith("-eval") else 2000)
 

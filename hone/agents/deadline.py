@@ -4,7 +4,7 @@ SIGALRM raises `EnvTimeout` inside the running Python code when the time is up (
 hang: a loop, a sleep, a blocking call that Python can interrupt); the handler and the timer are
 restored after the block. Signal handlers run in the main thread only, so elsewhere the block
 runs without a limit. Tools, which may hang in C, run in killable worker processes instead
-(`hone.agents.tools.ToolRunner`).
+(`hone.agents.tool_runner.ToolRunner`).
 """
 
 from __future__ import annotations

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from hone.agents.parsers import HermesParser
-from hone.agents.tools import make_runner, tool_schema
+from hone.agents.tool_runner import make_runner
+from hone.agents.tools import tool_schema
 
 # Reward function of a ToolEnvironment, called with keywords when the model answers without a
 # tool call: example (the dataset record), messages (the whole conversation, the final assistant

@@ -6,7 +6,7 @@ rewarded 1 when the final reply's last number matches the record's answer
 (`rewards.answer_column`). Every mistake (a path that does not import, a class that is not an
 Environment, a tool without type hints, an unknown parser) is an InputError naming the key, raised
 before anything of the run is written. Tool calls run in the process's shared worker pool
-(`hone.agents.tools.default_runner`): no episode starts a process of its own.
+(`hone.agents.tool_runner.default_runner`): no episode starts a process of its own.
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ from hone.agents import code_tool
 from hone.agents.code_tool import (CHILD, CodeLimits, format_result, namespaces_available,
                                    run_code, run_python)
 from hone.agents.environment import ToolEnvironment
-from hone.agents.tools import ToolRunner, tool_schema
+from hone.agents.tool_runner import ToolRunner
+from hone.agents.tools import tool_schema
 
 SMALL = dict(wall_s=2.0, cpu_s=1.0, memory_mb=256, output_bytes=4096, file_mb=1, max_processes=8)
 NS = pytest.mark.skipif(not namespaces_available(), reason="no unprivileged user namespaces")

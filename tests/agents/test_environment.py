@@ -8,7 +8,8 @@ import pytest
 
 from hone.agents.environment import Environment, Step, ToolEnvironment
 from hone.agents.parsers import HermesParser, ToolCall
-from hone.agents.tools import ToolRunner, tool_schema
+from hone.agents.tool_runner import ToolRunner
+from hone.agents.tools import tool_schema
 
 fmt = HermesParser().format
 EXAMPLE = {"prompt": "What is 2 + 3?", "answer": "5"}

@@ -11,7 +11,8 @@ import agent_tools as t
 import pytest
 
 from hone.agents.calculator import calculator
-from hone.agents.tools import InlineRunner, ToolRunner, describe_tools, run_tool, tool_schema
+from hone.agents.tool_runner import InlineRunner, ToolRunner
+from hone.agents.tools import describe_tools, run_tool, tool_schema
 
 
 @pytest.fixture(scope="module")
@@ -183,3 +184,17 @@ def test_local_functions_are_refused_before_any_call(runner):
         runner.check(local)
     runner.check(t.add)
     InlineRunner().check(local)
+
+
+def test_a_slow_import_is_not_timed_as_the_call():
+    import slow_import_tools as slow
+    with ToolRunner(max_workers=1) as r:
+        start = time.monotonic()
+        ok, pid, event = r.call(slow.worker_pid, {}, 0.5)  # the worker imports for 1.5 s first
+        assert (ok, event) == (True, None) and time.monotonic() - start >= slow.IMPORT_S
+        assert r.call(slow.worker_pid, {}, 0.5) == (True, pid, None)  # imported once
+    with ToolRunner(max_workers=1, load_timeout_s=0.5) as r:
+        assert r.call(slow.worker_pid, {}, 5.0) == (
+            False, "error: the worker could not import 'worker_pid''s module "
+            "'slow_import_tools' within 0.5 s", "tool_timeouts")
+        assert r.call(t.add, {"a": 1}, 5.0) == (True, "2", None)  # a fresh worker serves on

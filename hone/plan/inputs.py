@@ -145,6 +145,9 @@ def from_config(command: str, cfg, *, arch: ModelConfig | None = None, devices: 
         section = getattr(cfg, command)
         rows, row_len, head_len = _rl_rows(section, t.batch_size)
         agent = cfg.agent.enabled  # episodes: on the paged engine, up to max_episode_tokens
+        if agent:  # one row per episode, its slots after the opening scored (episode_rows)
+            rows, row_len = t.batch_size, cfg.agent.max_episode_tokens
+            head_len = row_len - section.max_prompt_tokens
         extra.update(rollout_rows=t.batch_size,
                      rollout_len=cfg.agent.max_episode_tokens if agent
                      else section.max_prompt_tokens + section.max_new_tokens,

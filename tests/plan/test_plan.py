@@ -144,6 +144,10 @@ def test_rows_read_from_configs():
     # GRPO: one tree row [prompt | 4 samples] per prompt; beta 0 keeps no reference
     assert rows("grpo", "train.batch_size=8", "grpo.group_size=4", "grpo.max_prompt_tokens=32",
                 "grpo.max_new_tokens=16") == (2, 32 + 4 * 16, 64, None, 8)
+    # agentic GRPO: a row per episode of max_episode_tokens, scored after the opening
+    assert rows("grpo", "train.batch_size=8", "grpo.group_size=4", "grpo.max_prompt_tokens=32",
+                "agent.environment=hone.agents.tasks:Countdown",
+                "agent.max_episode_tokens=96") == (8, 96, 64, None, 8)
     # KTO: each example and its KL row
     assert rows("kto", "train.batch_size=4", "data.max_length=64")[:2] == (8, 64)
 

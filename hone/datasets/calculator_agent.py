@@ -130,7 +130,7 @@ def calculator_traces(n: int, seed: int, wordings: str = "train") -> list[dict]:
     train-split operands, worded with WORDINGS[wordings] (never the held-out ones)."""
     if wordings in ("held-out", "validation"):
         raise ValueError(f"traces never use the {wordings} wordings")
-    from hone.agents.calculator import calculator  # late: hone.agents imports this package
+    from hone.agents.calculator import calculator  # late: only traces need it; it loads JAX
     from hone.agents.parsers import HermesParser, ToolCall
     from hone.agents.tasks import ARITHMETIC_SYSTEM_PROMPT
     from hone.agents.tools import describe_tools, tool_schema

@@ -118,7 +118,7 @@ def countdown_examples(n: int, seed: int, split: str = "train") -> list[dict]:
 def countdown_traces(n: int, seed: int) -> list[dict]:
     """n SFT records {"messages": [system, user, (wrong try, its result,) right try, its result,
     answer]} on train-split puzzles."""
-    from hone.agents.calculator import calculator  # late: hone.agents imports this package
+    from hone.agents.calculator import calculator  # late: only traces need it; it loads JAX
     from hone.agents.parsers import HermesParser, ToolCall
     from hone.agents.tasks import COUNTDOWN_SYSTEM_PROMPT
     from hone.agents.tools import describe_tools, tool_schema

@@ -152,7 +152,7 @@ def attention() -> dict:
 def paged_attention(kernel_report: dict) -> str:
     """How the rollout engine's decode step attends over its page pool here, for float32 and
     bfloat16 pools (`hone.sampling.paged.paged_route` decides)."""
-    from hone.sampling.paged import paged_route, rollout_engine
+    from hone.sampling.paged import TPU_HEAD_DIM, paged_route, rollout_engine
 
     def path(route: str | None) -> str:
         if route is not None:
@@ -162,7 +162,10 @@ def paged_attention(kernel_report: dict) -> str:
         return "XLA gathers, one page per block of a running softmax"
 
     f32, bf16 = paged_route("float32"), paged_route("bfloat16")
+    narrow = paged_route("bfloat16", TPU_HEAD_DIM // 2)  # the TPU kernel wants wide heads
     text = path(f32) if f32 == bf16 else f"float32 pools: {path(f32)}; bfloat16 pools: {path(bf16)}"
+    if narrow != bf16:
+        text += f" for head_dim a multiple of {TPU_HEAD_DIM}, else {path(narrow)}"
     if f32 or bf16:
         text += "; sliding-window layers: XLA, one page per block"
     return text + f"; RL rollouts with engine=auto: {rollout_engine('auto')}"

@@ -13,7 +13,8 @@ what it measured):
 - generate: greedy completions of the same prompts, token for token against the CPU's;
 - resume: a tiny SFT and a tiny GRPO run, each killed (SIGKILL) right after its first checkpoint
   and resumed, must end bit-identical to an uninterrupted run (scripts/fault_test.py's helpers;
-  deterministic GPU kernels requested, since scatter-adds may otherwise reorder);
+  deterministic GPU kernels requested, since scatter-adds may otherwise reorder); these run
+  first, as subprocesses, before this process opens the device: a TPU admits one process;
 - bench: the `hone bench` rows sft, lora, dpo, decode, grpo (bf16 on an accelerator) with MFU
   against the device's dense bf16 peak (PEAK_TFLOPS) and against the measured matmul ceiling.
 --smoke: the tiny random-init model for logits and generate, no resume, one bench row: the
@@ -55,6 +56,7 @@ FP32_REL, BF16_REL, TOP1_MIN = 1e-4, 5e-2, 0.99
 SHORT_RUNS = {"sft": ["train.max_steps=12", "checkpoint.every_steps=3"],
               "grpo": ["train.max_steps=6", "checkpoint.every_steps=2"]}
 BENCH_ROWS = ("sft", "lora", "dpo", "decode", "grpo")
+RELEASE_S = 5.0  # the wait after a killed run before the next one opens the device
 
 
 def peak_tflops(kind: str) -> float | None:
@@ -158,27 +160,37 @@ def kill_after_first_checkpoint(fault_test, algo: str, run_dir: Path, limit: flo
             proc.wait()
 
 
-def check_resume(algo: str, work: Path) -> dict:
-    """Kill a tiny run once right after its first checkpoint, resume it, and compare it with an
-    uninterrupted run: final state and metrics (timing keys aside) bit for bit."""
-    from scripts import fault_test  # run_to_end, final_arrays, metrics, the run's command line
+def resume_runs(algo: str, work: Path) -> dict:
+    """Run a tiny run straight through, and again killed once right after its first checkpoint
+    and resumed: subprocesses only, since a TPU is held by one process at a time (run() calls
+    this before it opens the device itself; compare_resume reads the checkpoints later)."""
+    from scripts import fault_test  # run_to_end, the run's command line
     fault_test.RUNS = {**fault_test.RUNS,
                        algo: fault_test.RUNS[algo] + SHORT_RUNS[algo]}  # this process only
     straight_dir, resumed_dir = work / f"{algo}-straight", work / f"{algo}-resumed"
     seconds = fault_test.run_to_end(algo, straight_dir)
-    step, arrays = fault_test.final_arrays(straight_dir)
     kill = kill_after_first_checkpoint(fault_test, algo, resumed_dir, limit=4 * seconds + 60)
+    time.sleep(RELEASE_S)  # a TPU can refuse a program started just after one was killed
     fault_test.run_to_end(algo, resumed_dir)
+    return {"straight_s": round(seconds, 2), "kill": kill}
+
+
+def compare_resume(algo: str, work: Path, runs: dict) -> dict:
+    """The resumed run against the straight one: final state and metrics (timing keys aside)
+    bit for bit."""
+    from scripts import fault_test  # final_arrays, metrics
+    straight_dir, resumed_dir = work / f"{algo}-straight", work / f"{algo}-resumed"
+    step, arrays = fault_test.final_arrays(straight_dir)
     step2, arrays2 = fault_test.final_arrays(resumed_dir)
     same_state = step2 == step and arrays.keys() == arrays2.keys() and all(
         np.array_equal(arrays[k], arrays2[k]) and arrays[k].dtype == arrays2[k].dtype
         for k in arrays)
     same_metrics = fault_test.metrics(resumed_dir) == fault_test.metrics(straight_dir)
     # A kill that lands after the last step resumes nothing: it does not count as a check.
+    kill = runs["kill"]
     mid_run = kill["killed"] and kill["checkpoint_before"] < step
-    return {"steps": step, "straight_s": round(seconds, 2), "kill": kill,
-            "identical_state": same_state, "identical_metrics": same_metrics,
-            "ok": bool(mid_run and same_state and same_metrics)}
+    return {"steps": step, **runs, "identical_state": same_state,
+            "identical_metrics": same_metrics, "ok": bool(mid_run and same_state and same_metrics)}
 
 
 def bench_row(row: str, smoke: bool, precision: str, peak: float | None) -> dict:
@@ -230,6 +242,24 @@ def run(args) -> dict:
             section = {"ok": False, "error": f"{type(e).__name__}: {e}"[-3000:]}
         save(name, section, t0)
 
+    runs: dict = {}
+    if not args.smoke:
+        # First, before this process opens the device (one process at a time holds a TPU): the
+        # resume runs, subprocesses sharing one compilation cache (the same executables,
+        # compiled once) that ask XLA's GPU backend for deterministic kernels (a flag every
+        # XLA build knows; the others ignore it): bit-identical resume needs both runs to sum
+        # in one order. Their checkpoints are compared after the numbers below.
+        os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(work / "jax-cache"))
+        os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+        flags = os.environ.get("XLA_FLAGS", "")
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_gpu_deterministic_ops=true".strip()
+        for algo in ("sft", "grpo"):
+            t0 = time.perf_counter()
+            try:
+                runs[algo] = resume_runs(algo, work)
+            except Exception as e:  # noqa: BLE001  (reported in its section below)
+                runs[algo] = {"ok": False, "error": f"{type(e).__name__}: {e}"[-3000:]}
+            runs[algo]["runs_s"] = round(time.perf_counter() - t0, 2)
     report["env"] = collect()
     kind = jax.devices()[0].device_kind
     accelerator = jax.default_backend() != "cpu"
@@ -247,17 +277,9 @@ def run(args) -> dict:
     attempt("generate", lambda: numbers_once("generate"), budgeted=False)  # computed already
     if args.smoke:
         report["checks"]["resume"] = {"ok": True, "skipped": "--smoke"}
-    else:
-        # Subprocess runs share one compilation cache (the same executables, compiled once)
-        # and ask XLA's GPU backend for deterministic kernels: bit-identical resume needs both
-        # runs to sum in one order.
-        os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(work / "jax-cache"))
-        os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-        if jax.default_backend() == "gpu":
-            flags = os.environ.get("XLA_FLAGS", "")
-            os.environ["XLA_FLAGS"] = f"{flags} --xla_gpu_deterministic_ops=true".strip()
-        for algo in ("sft", "grpo"):
-            attempt(f"resume_{algo}", lambda algo=algo: check_resume(algo, work))
+    for algo, got in runs.items():
+        attempt(f"resume_{algo}", lambda algo=algo, got=got: got if "error" in got
+                else compare_resume(algo, work, got), budgeted=False)
     precision = "bf16" if accelerator else "fp32"
     rows = BENCH_ROWS[:1] if args.smoke else BENCH_ROWS
     for row in rows:

@@ -39,7 +39,10 @@ SHAPES = {"sft": (4, 128, None), "lora": (4, 128, None), "dpo": (4, 128, None),
           "decode": (8, 64, 32), "grpo": (2, 64, None), "rollout": (32, None, 64)}
 GENERATIONS = {"grpo": 4, "rollout": 8}  # --generations' default per row
 ROLLOUT_LIMITS = {"long-tail": 512, "uniform": 128}  # rollout: --seq's default per workload
-MATMUL_SIZE = 2048  # the ceiling's square matmul: 2 x 2048^3 FLOPs a call
+MATMUL_SIZE = 2048  # the ceiling's square matmul on a CPU: 2 x 2048^3 FLOPs a call
+# On an accelerator: a 2048^3 bf16 product is ~0.1 ms of a TPU v5e, less than a call's dispatch,
+# and measured 23 TFLOP/s there, below what the bench's own rows reached (38 TFLOP/s).
+ACCELERATOR_MATMUL_SIZE = 8192
 
 DESCRIPTION = """\
 Time one step of a row on a random-init model and print, last, one JSON line:
@@ -106,11 +109,12 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 @functools.cache
-def matmul_ceiling(precision: str = "fp32", n: int = MATMUL_SIZE, calls: int = 5) -> float:
-    """GFLOP/s of a jitted n x n x n matmul (median of `calls` after a compiling one); bf16:
-    bf16 inputs accumulated in fp32. Cached: measured once per process."""
+def matmul_ceiling(precision: str = "fp32", n: int | None = None, calls: int = 5) -> float:
+    """GFLOP/s of a jitted n x n x n matmul (median of `calls` after a compiling one; n: default
+    matmul_size()); bf16: bf16 inputs accumulated in fp32. Cached: measured once per process."""
     import jax
     import jax.numpy as jnp
+    n = n or matmul_size()
     dtype = jnp.bfloat16 if precision == "bf16" else jnp.float32
     ka, kb = jax.random.split(jax.random.key(0))
     a = jax.random.normal(ka, (n, n), dtype)
@@ -118,6 +122,12 @@ def matmul_ceiling(precision: str = "fp32", n: int = MATMUL_SIZE, calls: int = 5
     matmul = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
     _, med, _ = first_and_median(lambda: matmul(a, b), calls, wait=jax.block_until_ready)
     return 2.0 * n ** 3 / med / 1e9
+
+
+def matmul_size() -> int:
+    """The ceiling's matmul size on this backend."""
+    import jax
+    return MATMUL_SIZE if jax.default_backend() == "cpu" else ACCELERATOR_MATMUL_SIZE
 
 
 def _shape(args) -> tuple[int, int, int]:
@@ -167,7 +177,6 @@ def measure(args, log: Callable = print):
     elif args.row == "decode":
         got = decode_row(batch=batch, prompt_len=prompt, new_tokens=seq, **common)
     elif args.row == "rollout":
-        common.pop("precision")
         got = rollout_row(args.model, args.workload, args.engine, prompts=batch,
                           generations=args.generations, prompt_len=prompt, limit=seq,
                           max_seqs=args.max_seqs, num_pages=args.num_pages,
@@ -216,7 +225,7 @@ def run_bench(args) -> int:
     got, batch, seq, prompt = measure(args, log)
     if got.peak_mb is None:
         got.peak_mb = peak_rss_mb()  # before the ceiling's arrays
-    log(f"measuring the {args.precision} matmul ceiling ({MATMUL_SIZE}^3, jitted)")
+    log(f"measuring the {args.precision} matmul ceiling ({matmul_size()}^3, jitted)")
     ceiling = matmul_ceiling(args.precision)
     log(f"ceiling {ceiling:.1f} GFLOP/s")
     print(json.dumps(result(args, got, batch, seq, prompt, ceiling)), flush=True)

@@ -55,9 +55,12 @@ def static_kv_bytes(model, rows: int, slots: int, dtype) -> int:
 def rollout_row(model: str, workload: str, engine: str, *, prompts: int = 32,
                 generations: int = 8, prompt_len: int = 64, limit: int = 512,
                 max_seqs: int = 64, repeats: int = 1, seed: int = 0,
-                num_pages: int | None = None, log: Callable = quiet) -> Measured:
+                num_pages: int | None = None, precision: str = "fp32",
+                log: Callable = quiet) -> Measured:
     """Time the rollout `repeats` times after a first (compiling) one. num_pages: the paged
-    engine's pool (None: its default, room for max_seqs sequences of the longest length)."""
+    engine's pool (None: its default, room for max_seqs sequences of the longest length).
+    precision: the weights' and caches' dtype, "fp32" or "bf16" (a TPU's paged engine reads
+    bfloat16 pools through the Pallas kernel, hone.sampling.paged.paged_route)."""
     import jax
     import jax.numpy as jnp
 
@@ -68,7 +71,7 @@ def rollout_row(model: str, workload: str, engine: str, *, prompts: int = 32,
 
     log(f"rollout: building {model}; {workload}, {engine} engine, {prompts} prompts x "
         f"{generations} of up to {limit} tokens")
-    net = load_model(model, seed=seed)
+    net = load_model(model, "bfloat16" if precision == "bf16" else "float32", seed=seed)
     cfg = net.config
     rng = np.random.default_rng(seed)
     ids = rng.integers(3, cfg.vocab_size, size=(prompts, prompt_len)).tolist()

@@ -81,7 +81,8 @@ class PagedEngine(Admission):
         self.table_width = pages_for(self.max_len, page_size)  # decode's page-table columns
         self.kv_bytes = pool_bytes(model, self.num_pages, page_size, self.cache_dtype)
         self.pools = None
-        self.attention = paged_route(self.cache_dtype) if attention is None else attention
+        self.attention = (paged_route(self.cache_dtype, cfg.head_dim) if attention is None
+                          else attention)
         if self.attention not in (None, *PALLAS_IMPLS):
             raise InputError(f"unknown attention route {attention!r}; allowed: "
                              f"{', '.join(PALLAS_IMPLS)} or None", key="attention")

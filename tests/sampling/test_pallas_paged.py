@@ -7,7 +7,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_generate import mixed_prompts
 
 import hone
 from hone.kernels.pallas_paged import paged_attention
@@ -60,6 +59,7 @@ def test_kernel_equals_the_gathered_attention(route, softcap):
 def test_rollouts_through_the_kernel_equal_the_cpu_path(route):
     """Sampled (temperature 1), 2 samples per prompt over small pages: the same tokens, and
     log-probabilities within 1e-5, as the CPU route over pools of the same dtype."""
+    from test_generate import mixed_prompts  # here: it imports torch, which a TPU machine lacks
     model = hone.load_model("tiny")
     prompts = mixed_prompts(4, seed=1)
     key = jax.random.key(0)
@@ -75,3 +75,16 @@ def test_rollouts_through_the_kernel_equal_the_cpu_path(route):
     assert [s.tokens for s in cpu] == [s.tokens for s in kernel]
     for a, b in zip(cpu, kernel):
         np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=0, atol=1e-5)
+
+
+def test_the_tpu_kernel_is_taken_for_bfloat16_pools_of_wide_heads_only(monkeypatch):
+    """On a TPU v5e the kernel failed to lower for SmolLM2's 64-wide heads (Mosaic wants its
+    blocks' last dimension a multiple of 128): such pools take the XLA route there."""
+    from hone.sampling import paged
+    assert paged.paged_route("bfloat16", 64) is None  # the tests run on a CPU
+    monkeypatch.setattr(paged.jax, "default_backend", lambda: "tpu")
+    assert paged.paged_route("bfloat16", 128) == paged.paged_route("bfloat16", 256) == "tpu"
+    assert paged.paged_route("bfloat16", 64) is None
+    assert paged.paged_route("float32", 128) is None
+    monkeypatch.setattr(paged.jax, "default_backend", lambda: "gpu")
+    assert paged.paged_route("float32", 64) == "gpu"

@@ -9,7 +9,7 @@ only once, on the chosen models. Tasks (--task):
   occur in no other set); score: the mean reward (1 for a right "Answer:" expression).
 
     .venv/bin/python benchmarks/agent_selection.py [--task countdown] [--write]
-        [--lengths 4,8,16,32] [--steps 30]
+        [--lengths 4,8,16,32] [--steps 30] [--grpo-set grpo.temperature=0.8 ...] [--out DIR]
 
 1. Warm start: LoRA SFT of configs/smollm2/agent_TASK_sft.yaml for each length L of --lengths
    (separate runs, each with its own schedule), merged; each scored as an agent on the first
@@ -20,7 +20,8 @@ only once, on the chosen models. Tasks (--task):
    start itself).
 3. The chosen warm start and the chosen checkpoint on the test sets.
 
-The other GRPO settings (rate, batch, temperature, clipping) are the config's, not tuned here.
+The other GRPO settings (rate, batch, temperature, clipping) are the config's unless --grpo-set
+names them (each run's report lists what it set).
 Every measurement is kept in OUT/results.json as it is made, so a rerun continues where it
 stopped (delete OUT to start again).
 """
@@ -96,6 +97,9 @@ def main() -> None:
                         help="warm start lengths to try (default: the task's)")
     parser.add_argument("--steps", type=int, default=30, help="GRPO steps of the one run")
     parser.add_argument("--every", type=int, default=5, help="GRPO steps between validations")
+    parser.add_argument("--grpo-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting of the GRPO run (repeatable), e.g. grpo.temperature=0.8")
+    parser.add_argument("--title", default=None, help="the RESULTS.md section's title")
     parser.add_argument("--out", default=None,
                         help="default runs/bench-agent-selection (calculator), "
                         "runs/bench-agent-selection-TASK (others)")
@@ -115,9 +119,12 @@ def main() -> None:
     keep(results, path, "setup", {
         "date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} CPU cores, "
         f"{platform.machine()}, {platform.system()}", "questions": args.questions,
-        "lengths": lengths, "steps": args.steps, "every": args.every, "task": args.task})
+        "lengths": lengths, "steps": args.steps, "every": args.every, "task": args.task,
+        "grpo_set": args.grpo_set})
     validation = load_records(task["validation"], None, args.questions)
-    cfg = grpo_config(task, [])
+    cfg = grpo_config(task, args.grpo_set)
+    if args.title:
+        task = {**task, "title": args.title}
 
     # 1. the warm start's length
     for length in lengths:
@@ -140,7 +147,8 @@ def main() -> None:
              f"train.max_steps={args.steps}", f"train.eval_every={args.every}",
              f"data.eval_path={task['validation']}", f"grpo.eval_prompts={args.questions}",
              f"checkpoint.every_steps={args.every}",
-             f"checkpoint.keep={args.steps // args.every + 1}", "log.sinks=[jsonl]")
+             f"checkpoint.keep={args.steps // args.every + 1}", "log.sinks=[jsonl]",
+             *args.grpo_set)
         keep(results, path, "grpo_s", time.perf_counter() - t0)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     curve = {r["step"]: r[task["curve"]] for r in rows if task["curve"] in r}
@@ -203,7 +211,9 @@ def report(results: dict, cfg, task: dict) -> str:
         f"2. Agentic GRPO from the {best}-step warm start, {s['steps']} steps x "
         f"{cfg.train.batch_size // g.group_size} questions x {g.group_size} episodes (lr "
         f"{cfg.train.lr}, temperature {g.temperature}, {g.loss_agg}, clip "
-        f"{g.clip_eps}/{g.clip_eps_high}: the config's settings, not tuned here), validated "
+        f"{g.clip_eps}/{g.clip_eps_high}; "
+        + (f"set for this run: {', '.join(s['grpo_set'])}" if s.get("grpo_set")
+           else "the config's settings, not tuned here") + "), validated "
         f"every {s['every']} steps inside the run:", "",
         f"| GRPO step | validation {unit} | |", "|---|---|---|", steps, "",
         f"3. The test sets (first {s['questions']} questions each), scored once:", "",

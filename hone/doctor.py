@@ -161,7 +161,7 @@ def paged_attention(kernel_report: dict) -> str:
             return "hone's CPU decode kernel, reading each row's pages itself"
         return "XLA gathers, one page per block of a running softmax"
 
-    f32, bf16 = paged_route("float32"), paged_route("bfloat16")
+    f32, bf16 = paged_route("float32", TPU_HEAD_DIM), paged_route("bfloat16", TPU_HEAD_DIM)
     narrow = paged_route("bfloat16", TPU_HEAD_DIM // 2)  # the TPU kernel wants wide heads
     text = path(f32) if f32 == bf16 else f"float32 pools: {path(f32)}; bfloat16 pools: {path(bf16)}"
     if narrow != bf16:

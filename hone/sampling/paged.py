@@ -64,17 +64,15 @@ def rollout_engine(engine: str) -> str:
     return "paged" if jax.default_backend() == "cpu" else "static"
 
 
-def paged_route(cache_dtype, head_dim: int | None = None) -> str | None:
+def paged_route(cache_dtype, head_dim: int) -> str | None:
     """The decode step's attention over pages on this backend: the Pallas kernel of a GPU, or
     of a TPU when the pools are bfloat16 (that kernel reads keys and values as bfloat16) and
-    head_dim is a multiple of 128 (None: not known; the TPU kernel's blocks span the head
-    dimension, and Mosaic rejects a narrower one: SmolLM2's 64 failed to lower on a TPU v5e),
-    None elsewhere (hone's CPU kernel reading the pages, or XLA's loop over them)."""
+    head_dim is a multiple of 128 (the TPU kernel's blocks span the head dimension, and Mosaic
+    rejects a narrower one: SmolLM2's 64 failed to lower on a TPU v5e), None elsewhere (hone's
+    CPU kernel reading the pages, or XLA's loop over them)."""
     backend = jax.default_backend()
-    if backend == "gpu":
-        return backend
-    if (backend == "tpu" and jnp.dtype(cache_dtype) == jnp.bfloat16
-            and (head_dim is None or head_dim % TPU_HEAD_DIM == 0)):
+    if backend == "gpu" or (backend == "tpu" and jnp.dtype(cache_dtype) == jnp.bfloat16
+                            and head_dim % TPU_HEAD_DIM == 0):
         return backend
     return None
 

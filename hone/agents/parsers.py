@@ -19,8 +19,10 @@ Design choices:
   `parse(format(calls)) == (calls, 0)` for every JSON-representable call (property-tested).
 - `arguments` may arrive as a JSON string holding an object (some models double-encode it);
   a call without `arguments` is a call without arguments ({}).
-- Config names a parser by `agent.parser`: "hermes", or "package.module:Name" (a class, called
-  without arguments, or an object with parse()).
+- `Llama3JsonParser` ("llama3") reads the JSON object Llama 3.1-3.3's templates ask for, the
+  whole reply: {"name": ..., "parameters": {...}}.
+- Config names a parser by `agent.parser`: "hermes", "llama3", or "package.module:Name" (a
+  class, called without arguments, or an object with parse()).
 """
 
 from __future__ import annotations
@@ -99,7 +101,45 @@ class HermesParser:
             for c in calls)
 
 
-PARSERS = {"hermes": HermesParser}
+PYTHON_TAG = "<|python_tag|>"
+_SEPARATOR = re.compile(r"\s*;?\s*")
+
+
+class Llama3JsonParser:
+    """Llama 3.1-3.3's JSON tool calls, the format their chat templates ask for: the reply is
+    a JSON object {"name": ..., "parameters": {...}} (optionally after "<|python_tag|>"),
+    several separated by ";". A reply that does not start with "{" calls nothing (it is the
+    answer); text after the last object is not read. An object that does not decode, or is not
+    a call, is counted malformed and ends the reading. "arguments" is read where "parameters"
+    is missing."""
+
+    def parse(self, reply: str) -> tuple[list[ToolCall], int]:
+        text = reply.strip()
+        if text.startswith(PYTHON_TAG):
+            text = text[len(PYTHON_TAG):].lstrip()
+        calls: list[ToolCall] = []
+        decoder, at = json.JSONDecoder(), 0
+        while text.startswith("{", at):
+            try:
+                obj, at = decoder.raw_decode(text, at)
+            except (ValueError, RecursionError):
+                return calls, 1
+            if isinstance(obj, dict) and "parameters" in obj:
+                obj = {"name": obj.get("name"), "arguments": obj["parameters"]}
+            call = _call_from_json(obj)
+            if call is None:
+                return calls, 1
+            calls.append(call)
+            at = _SEPARATOR.match(text, at).end()
+        return calls, 0
+
+    def format(self, calls: list[ToolCall]) -> str:
+        """The text of `calls` in the format `parse` reads: the objects joined by "; "."""
+        return "; ".join(json.dumps({"name": c.name, "parameters": c.arguments},
+                                    ensure_ascii=False) for c in calls)
+
+
+PARSERS = {"hermes": HermesParser, "llama3": Llama3JsonParser}
 
 
 def parser_from_name(name: str, key: str = "agent.parser"):

@@ -120,8 +120,9 @@ class AgentSection:
     # Tokens one environment turn may add (template tokens included); None = max_tool_tokens
     # + 64. A longer turn ends the episode (counted).
     max_env_tokens: int | None = field(default=None, metadata={"min": 1})
-    # The tool-call parser: hermes (<tool_call>{"name": ..., "arguments": ...}</tool_call>)
-    # or "package.module:Name".
+    # The tool-call parser: hermes (<tool_call>{"name": ..., "arguments": ...}</tool_call>),
+    # llama3 (the reply a JSON object {"name": ..., "parameters": ...}, Llama 3.1-3.3's
+    # templates) or "package.module:Name".
     parser: str = "hermes"
     # Seconds one tool call may run before its worker process is killed.
     tool_timeout_s: float = field(default=10.0, metadata={"gt": 0.0})

@@ -1,11 +1,12 @@
 """HermesParser reads <tool_call> blocks and counts what it cannot read; format writes exactly the
-layout the SFT traces use, and parse(format(x)) == x for every JSON-representable call."""
+layout the SFT traces use, and parse(format(x)) == x for every JSON-representable call.
+Llama3JsonParser reads the JSON objects Llama 3's templates ask for, with the same round trip."""
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hone.agents.parsers import HermesParser, ToolCall, parser_from_name
+from hone.agents.parsers import HermesParser, Llama3JsonParser, ToolCall, parser_from_name
 from hone.errors import InputError
 
 P = HermesParser()
@@ -89,6 +90,7 @@ def test_parse_never_raises(text):
 
 def test_parser_from_name():
     assert isinstance(parser_from_name("hermes"), HermesParser)
+    assert isinstance(parser_from_name("llama3"), Llama3JsonParser)
     assert isinstance(parser_from_name("hone.agents.parsers:HermesParser"), HermesParser)
 
 
@@ -102,3 +104,36 @@ def test_parser_from_name_errors_name_the_key(name, says):
     with pytest.raises(InputError, match="'agent.parser'") as err:
         parser_from_name(name)
     assert says in str(err.value)
+
+
+L = Llama3JsonParser()
+
+
+def test_llama3_reads_the_reply_as_json_objects():
+    assert L.parse('{"name": "add", "parameters": {"a": 2, "b": 3}}') == (
+        [ToolCall("add", {"a": 2, "b": 3})], 0)
+    assert L.parse('<|python_tag|>{"name": "add", "parameters": {"a": 1}}; '
+                   '{"name": "shout", "arguments": {"text": "hi"}}\n') == (
+        [ToolCall("add", {"a": 1}), ToolCall("shout", {"text": "hi"})], 0)
+    assert L.parse("The sum is 5.") == ([], 0)  # an answer, not a call
+    assert L.parse('{"name": "add", "parameters": {"a": 1}} so that is it') == (
+        [ToolCall("add", {"a": 1})], 0)
+    assert L.parse('{"name": "add", "parameters": {"a": 1') == ([], 1)  # cut off
+    assert L.parse('{"name": "add", "parameters": {}}; {"parameters": {}}') == (
+        [ToolCall("add", {})], 1)  # the second has no name
+    assert L.format([ToolCall("add", {"a": 2}), ToolCall("wetter", {"ort": "Zürich"})]) == (
+        '{"name": "add", "parameters": {"a": 2}}; {"name": "wetter", "parameters": {"ort": "Zürich"}}')
+
+
+@settings(max_examples=200, deadline=None)
+@given(CALLS)
+def test_llama3_round_trip(calls):
+    assert L.parse(L.format(calls)) == (calls, 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list('<|python_tag|>{}"name:parameters 1[],;\n')),
+               max_size=80))
+def test_llama3_parse_never_raises(text):
+    calls, malformed = L.parse(text)
+    assert all(isinstance(c, ToolCall) for c in calls) and malformed in (0, 1)

@@ -8,9 +8,9 @@ of its own: calls are Hermes blocks in the reply, tools are described in the sys
 the real templates of Qwen3, Llama 3.1 and Llama 3.2 (tests/agents/templates/, with their
 sources), which take the tools themselves. Those families' tokenizers are not shipped, so they
 run on byte-level tokenizers with each family's special tokens: the text and the special ids are
-checked, not the family's BPE merges. The replies' tool-call format is the parser's business
-(`agent.parser`) and does not change the rendering; Qwen3's replies think first, as it does by
-default.
+checked, not the family's BPE merges. Each family's replies call tools in its own format (Hermes
+blocks; Llama 3's JSON objects, read by `agent.parser: llama3`), and Qwen3's think first, as it
+does by default.
 
 Where a template rewrites earlier turns, one growing token sequence cannot be both what the model
 saw and the template's rendering: Qwen3 drops an earlier turn's reasoning once a new user query
@@ -27,6 +27,7 @@ import pytest
 from tokenizers import AddedToken, Tokenizer as Backend, decoders, models, pre_tokenizers
 
 from hone.agents.environment import ToolEnvironment
+from hone.agents.parsers import Llama3JsonParser
 from hone.agents.render import after_turn_text, opening_text, supports_tools, with_tools
 from hone.errors import InputError
 from hone.sampling.generate import encode_prompt
@@ -95,12 +96,25 @@ REPLIES = ["Two tools at once.\n" + CALLS,
            "2 + 3 = 5, then 6; and HI."]
 
 
+LLAMA_REPLIES = ['{"name": "add", "parameters": {"a": 2, "b": 3}}; '
+                 '{"name": "shout", "parameters": {"text": "hi"}}',
+                 '{"name": "add", "parameters": {"a": 5, "b": 1}}',
+                 REPLIES[2]]
+
+
+def replies_of(source: str) -> list[str]:
+    if source.startswith("llama3"):
+        return LLAMA_REPLIES
+    return [THINK + r for r in REPLIES] if source == "qwen3" else REPLIES
+
+
 def start(tok, extra=None):
     """The environment, its opening messages, the template's extra arguments and the opening's
     ids. Llama 3.2 dates its system message with today's date unless given one: pinned here so
     that a test run across midnight renders one date."""
+    llama = str(tok.source).startswith("llama3")
     env = ToolEnvironment([add, shout], lambda **_: 1.0, system_prompt="Use the tools.",
-                          runner="inline")
+                          runner="inline", parser=Llama3JsonParser() if llama else None)
     opening = env.reset({"prompt": "Add 2 and 3, shout hi, then add 1."})
     messages, args = with_tools(opening, env.tools, supports_tools(tok))
     args = {**args, "date_string": "26 Jul 2024", **(extra or {})}
@@ -125,8 +139,7 @@ def test_an_episode_is_the_tokenisation_of_the_whole_conversation(source):
     end = end_token(tok)
     history = messages
     conversation = list(messages)
-    for turn, reply in enumerate(REPLIES):
-        reply = THINK + reply if source == "qwen3" else reply
+    for turn, reply in enumerate(replies_of(source)):
         ids += tok.encode(reply, add_special_tokens=False) + [end]
         step = env.step(reply)
         conversation.append({"role": "assistant", "content": reply})

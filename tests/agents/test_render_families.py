@@ -5,8 +5,8 @@ tool calls in one turn and consecutive tool messages.
 
 Templates: the tiny preset's ChatML and SmolLM2-135M-Instruct's (shipped; neither has tool support
 of its own: calls are Hermes blocks in the reply, tools are described in the system message), and
-the real templates of Qwen3, Llama 3.1 and Llama 3.2 (tests/agents/templates/, with their
-sources), which take the tools themselves. Those families' tokenizers are not shipped, so they
+the real templates of Qwen2.5, Qwen3, Llama 3.1 and Llama 3.2 (tests/agents/templates/, with
+their sources), which take the tools themselves. Those families' tokenizers are not shipped, so they
 run on byte-level tokenizers with each family's special tokens: the text and the special ids are
 checked, not the family's BPE merges. Each family's replies call tools in its own format (Hermes
 blocks; Llama 3's JSON objects, read by `agent.parser: llama3`), and Qwen3's think first, as it
@@ -39,6 +39,8 @@ LLAMA3 = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_
 # family: (special tokens, template, bos, eos, other end tokens); as each family's instruct
 # models configure them
 FAMILIES = {
+    "qwen2.5": (["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "qwen2_5.jinja", None,
+                "<|im_end|>", ["<|endoftext|>"]),
     "qwen3": (["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "qwen3.jinja", None,
               "<|im_end|>", ["<|endoftext|>"]),
     "llama3.1": (LLAMA3, "llama3_1.jinja", "<|begin_of_text|>", "<|eot_id|>",
@@ -131,7 +133,7 @@ def end_token(tok) -> int:
 
 @pytest.mark.parametrize("source", ["tiny", pytest.param("smollm2-135m-instruct",
                                                          marks=pytest.mark.real_model),
-                                    "qwen3", "llama3.1", "llama3.2"])
+                                    "qwen2.5", "qwen3", "llama3.1", "llama3.2"])
 def test_an_episode_is_the_tokenisation_of_the_whole_conversation(source):
     tok = tokenizer_of(source)
     assert supports_tools(tok) == (source in FAMILIES)

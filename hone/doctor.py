@@ -150,24 +150,23 @@ def attention() -> dict:
 
 
 def paged_attention(kernel_report: dict) -> str:
-    """How the rollout engine's decode step attends over its page pool here, for float32 and
-    bfloat16 pools (`hone.sampling.paged.paged_route` decides)."""
+    """How the rollout engine's decode step attends over its page pool here
+    (`hone.sampling.paged.paged_route` decides)."""
+    import jax
+
     from hone.sampling.paged import TPU_HEAD_DIM, paged_route, rollout_engine
 
-    def path(route: str | None) -> str:
-        if route is not None:
-            return f"Pallas paged attention (jax.experimental.pallas.ops.{route})"
-        if kernel_report["cpu_decode_kernels"]:
-            return "hone's CPU decode kernel, reading each row's pages itself"
-        return "XLA gathers, one page per block of a running softmax"
-
-    f32, bf16 = paged_route("float32", TPU_HEAD_DIM), paged_route("bfloat16", TPU_HEAD_DIM)
-    narrow = paged_route("bfloat16", TPU_HEAD_DIM // 2)  # the TPU kernel wants wide heads
-    text = path(f32) if f32 == bf16 else f"float32 pools: {path(f32)}; bfloat16 pools: {path(bf16)}"
-    if narrow != bf16:
-        text += f" for head_dim a multiple of {TPU_HEAD_DIM}, else {path(narrow)}"
-    if f32 or bf16:
-        text += "; sliding-window layers: XLA, one page per block"
+    route = paged_route()
+    if route is not None:
+        text = (f"Pallas paged attention (jax.experimental.pallas.ops.{route}); "
+                "sliding-window layers: XLA, one page per block")
+    elif kernel_report["cpu_decode_kernels"]:
+        text = "hone's CPU decode kernel, reading each row's pages itself"
+    else:
+        text = "XLA gathers, one page per block of a running softmax"
+    if jax.default_backend() == "tpu":
+        text += (" (the Pallas TPU kernel measured slower; PagedEngine(attention='tpu') takes it, "
+                 f"for head_dim a multiple of {TPU_HEAD_DIM})")
     return text + f"; RL rollouts with engine=auto: {rollout_engine('auto')}"
 
 

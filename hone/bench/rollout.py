@@ -59,8 +59,7 @@ def rollout_row(model: str, workload: str, engine: str, *, prompts: int = 32,
                 log: Callable = quiet) -> Measured:
     """Time the rollout `repeats` times after a first (compiling) one. num_pages: the paged
     engine's pool (None: its default, room for max_seqs sequences of the longest length).
-    precision: the weights' and caches' dtype, "fp32" or "bf16" (a TPU's paged engine reads
-    bfloat16 pools through the Pallas kernel, hone.sampling.paged.paged_route)."""
+    precision: the weights' and caches' dtype, "fp32" or "bf16"."""
     import jax
     import jax.numpy as jnp
 

@@ -7,10 +7,10 @@ Both mask by length alone (a row attends to its first `lengths[b]` slots), so th
 layers whose decode mask is a prefix: full attention, soft-capped or not. A sliding-window layer
 takes the XLA path (`Attention.attend_step`'s blockwise loop over pages). Neither kernel takes a
 scale: the queries are scaled first, which is the same product. The TPU kernel reads keys and
-values as bfloat16 whatever the pools hold, so the engine takes it only for bfloat16 pools, and
-only where head_dim is a multiple of 128 (its blocks span the head dimension and Mosaic rejects
-a narrower one; `hone.sampling.paged.paged_route`); other pools on a TPU take the XLA path,
-which keeps float32 log-probabilities exact.
+values as bfloat16 whatever the pools hold, and lowers only where head_dim is a multiple of 128
+(its blocks span the head dimension and Mosaic rejects a narrower one). On a TPU v5e it measured
+slower than the XLA path, so the engine takes it only when asked (`PagedEngine(attention="tpu")`;
+`hone.sampling.paged.paged_route`).
 
 `impl` names the route: "gpu" and "tpu" compile the kernel for that backend; "gpu-interpret"
 and "tpu-interpret" run the same kernel in Pallas's interpreter on any backend, which is how the

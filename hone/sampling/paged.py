@@ -51,7 +51,7 @@ TRACES: collections.Counter = collections.Counter()  # compiles per program; tes
 Pools = dict[str, list[jax.Array]]
 
 
-TPU_HEAD_DIM = 128  # the TPU kernel's head dimension: a multiple of this (paged_route)
+TPU_HEAD_DIM = 128  # the TPU kernel's head dimension must be a multiple of this (PagedEngine)
 
 
 def rollout_engine(engine: str) -> str:
@@ -64,17 +64,14 @@ def rollout_engine(engine: str) -> str:
     return "paged" if jax.default_backend() == "cpu" else "static"
 
 
-def paged_route(cache_dtype, head_dim: int) -> str | None:
-    """The decode step's attention over pages on this backend: the Pallas kernel of a GPU, or
-    of a TPU when the pools are bfloat16 (that kernel reads keys and values as bfloat16) and
-    head_dim is a multiple of 128 (the TPU kernel's blocks span the head dimension, and Mosaic
-    rejects a narrower one: SmolLM2's 64 failed to lower on a TPU v5e), None elsewhere (hone's
-    CPU kernel reading the pages, or XLA's loop over them)."""
-    backend = jax.default_backend()
-    if backend == "gpu" or (backend == "tpu" and jnp.dtype(cache_dtype) == jnp.bfloat16
-                            and head_dim % TPU_HEAD_DIM == 0):
-        return backend
-    return None
+def paged_route() -> str | None:
+    """The decode step's attention over pages on this backend when none is asked for: the Pallas
+    kernel on a GPU; XLA's loop on a TPU, where JAX's Pallas TPU kernel measured slower than it
+    (TPU v5e, qwen3-0.6b in bfloat16, head_dim 128: 1,050 against 1,368 tokens/s on the
+    long-tail rollout, 1,205 against 2,046 on a uniform one; benchmarks/RESULTS.md), so it is
+    taken only when asked for (`PagedEngine(attention="tpu")`); None on a CPU (hone's CPU kernel
+    reading the pages, or XLA's loop)."""
+    return "gpu" if jax.default_backend() == "gpu" else None
 
 
 def init_pools(model, num_pages: int, page_size: int, dtype) -> Pools:

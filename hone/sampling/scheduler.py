@@ -51,8 +51,8 @@ from hone.sampling.engine import pack_weights, split_for_sampling
 from hone.sampling.admission import Admission
 from hone.sampling.buckets import bucket, chunk_bucket, row_bucket
 from hone.sampling.pages import TRASH, PageAllocator, default_pool, pages_for
-from hone.sampling.paged import (choose_first, copy_pages, decode_steps, init_pools, paged_route,
-                                 pool_bytes, prefill_chunk)
+from hone.sampling.paged import (TPU_HEAD_DIM, choose_first, copy_pages, decode_steps, init_pools,
+                                 paged_route, pool_bytes, prefill_chunk)
 from hone.sampling.requests import PrefillJob, Request, Sample, SeqState, Turn, TurnCallback
 from hone.sampling.strategies import SamplingMode
 
@@ -66,8 +66,9 @@ class PagedEngine(Admission):
                  num_pages: int | None = None, max_len: int | None = None, cache_dtype=None,
                  prefill_chunk: int = 1024, sync_steps: int = 8, attention: str | None = None):
         """attention: how a decode step reads the pages (hone/kernels/pallas_paged.py routes;
-        None: the Pallas kernel of this backend on a GPU or TPU, else hone's CPU kernel or
-        XLA's loop over pages; `paged_route` says which)."""
+        None: the Pallas kernel on a GPU, else hone's CPU kernel or XLA's loop over pages;
+        `paged_route` says which). "tpu" takes the Pallas TPU kernel, for head_dim a multiple
+        of 128 only."""
         cfg = model.config
         for name, value in (("max_seqs", max_seqs), ("page_size", page_size),
                             ("prefill_chunk", prefill_chunk), ("sync_steps", sync_steps)):
@@ -81,11 +82,15 @@ class PagedEngine(Admission):
         self.table_width = pages_for(self.max_len, page_size)  # decode's page-table columns
         self.kv_bytes = pool_bytes(model, self.num_pages, page_size, self.cache_dtype)
         self.pools = None
-        self.attention = (paged_route(self.cache_dtype, cfg.head_dim) if attention is None
-                          else attention)
+        self.attention = paged_route() if attention is None else attention
         if self.attention not in (None, *PALLAS_IMPLS):
             raise InputError(f"unknown attention route {attention!r}; allowed: "
                              f"{', '.join(PALLAS_IMPLS)} or None", key="attention")
+        if self.attention == "tpu" and cfg.head_dim % TPU_HEAD_DIM:
+            raise InputError(f"the Pallas TPU kernel needs head_dim a multiple of {TPU_HEAD_DIM} "
+                             f"(its blocks span the head dimension); this model's is "
+                             f"{cfg.head_dim}: leave attention unset for XLA's loop",
+                             key="attention")
 
     # ---- the loop ----------------------------------------------------------------------------
     def run(self, requests: list[Request], *, temperature: float = 1.0, top_k: int | None = None,

@@ -77,14 +77,20 @@ def test_rollouts_through_the_kernel_equal_the_cpu_path(route):
         np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=0, atol=1e-5)
 
 
-def test_the_tpu_kernel_is_taken_for_bfloat16_pools_of_wide_heads_only(monkeypatch):
-    """On a TPU v5e the kernel failed to lower for SmolLM2's 64-wide heads (Mosaic wants its
-    blocks' last dimension a multiple of 128): such pools take the XLA route there."""
+def test_the_tpu_kernel_is_taken_only_when_asked_and_for_wide_heads_only(monkeypatch):
+    """On a TPU v5e the Pallas TPU kernel measured slower than XLA's loop (head_dim 128), and it
+    failed to lower for SmolLM2's 64-wide heads (Mosaic wants its blocks' last dimension a
+    multiple of 128): a TPU takes XLA's loop unless asked, and asking with narrow heads is an
+    error that says so, before any program is built."""
+    from hone.errors import InputError
     from hone.sampling import paged
-    assert paged.paged_route("bfloat16", 64) is None  # the tests run on a CPU
+    assert paged.paged_route() is None  # the tests run on a CPU
     monkeypatch.setattr(paged.jax, "default_backend", lambda: "tpu")
-    assert paged.paged_route("bfloat16", 128) == paged.paged_route("bfloat16", 256) == "tpu"
-    assert paged.paged_route("bfloat16", 64) is None
-    assert paged.paged_route("float32", 128) is None
+    assert paged.paged_route() is None
     monkeypatch.setattr(paged.jax, "default_backend", lambda: "gpu")
-    assert paged.paged_route("float32", 64) == "gpu"
+    assert paged.paged_route() == "gpu"
+    monkeypatch.undo()
+    model = hone.load_model("tiny")  # head_dim 16
+    with pytest.raises(InputError, match="head_dim a multiple of 128.*this model's is 16"):
+        PagedEngine(model, attention="tpu")
+    assert PagedEngine(model, attention="tpu-interpret").attention == "tpu-interpret"

@@ -230,20 +230,25 @@ class Tokenizer:
         Encoding adds no BOS: its ChatML template marks turns with <|im_start|>, and pretraining-style
         text can ask for BOS explicitly. Every string survives encode/decode unchanged.
         """
-        specials = ["<pad>", "<bos>", "<eos>", "<|im_start|>", "<|im_end|>",
-                    *(f"<|reserved_{k}|>" for k in range(3))]
-        vocab = {char: byte for byte, char in enumerate(_byte_chars())}
-        vocab.update({token: 256 + k for k, token in enumerate(specials)})
-        # BPE without merges over the 256 byte symbols: each byte is its own token.
-        backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
-        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-        backend.decoder = decoders.ByteLevel()
-        backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+        backend = byte_level_backend(["<pad>", "<bos>", "<eos>", "<|im_start|>", "<|im_end|>",
+                                      *(f"<|reserved_{k}|>" for k in range(3))])
         chatml = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
                   "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
                   "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
         return cls(backend, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", chat_template=chatml,
-                   extra_eos_ids=[vocab["<|im_end|>"]], source="byte_level")
+                   extra_eos_ids=[backend.token_to_id("<|im_end|>")], source="byte_level")
+
+
+def byte_level_backend(specials: Sequence[str]) -> tokenizers.Tokenizer:
+    """A byte-level BPE without merges: ids 0..255 are the UTF-8 bytes (each byte its own token),
+    then `specials` as special tokens from id 256 on."""
+    vocab = {char: byte for byte, char in enumerate(_byte_chars())}
+    vocab.update({token: 256 + k for k, token in enumerate(specials)})
+    backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    return backend
 
 
 # ---- Hugging Face folder helpers ----------------------------------------------------------------------

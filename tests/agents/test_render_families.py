@@ -24,14 +24,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tokenizers import AddedToken, Tokenizer as Backend, decoders, models, pre_tokenizers
 
 from hone.agents.environment import ToolEnvironment
 from hone.agents.parsers import Llama3JsonParser
 from hone.agents.render import after_turn_text, opening_text, supports_tools, with_tools
 from hone.errors import InputError
 from hone.sampling.generate import encode_prompt
-from hone.tokenizer import Tokenizer, load_tokenizer
+from hone.tokenizer import Tokenizer, byte_level_backend, load_tokenizer
 
 TEMPLATES = Path(__file__).parent / "templates"
 LLAMA3 = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
@@ -57,15 +56,10 @@ def family_tokenizer(name: str) -> Tokenizer:
     """A byte-level tokenizer (every byte its own id) with the family's special tokens and its
     real chat template."""
     specials, template, bos, eos, ends = FAMILIES[name]
-    vocab = {char: i for i, char in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    vocab.update({token: len(vocab) + k for k, token in enumerate(specials)})
-    backend = Backend(models.BPE(vocab=vocab, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    backend.decoder = decoders.ByteLevel()
-    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    backend = byte_level_backend(specials)
     return Tokenizer(backend, bos_token=bos, eos_token=eos, source=name,
                      chat_template=(TEMPLATES / template).read_text(encoding="utf-8"),
-                     extra_eos_ids=[vocab[t] for t in ends])
+                     extra_eos_ids=[backend.token_to_id(t) for t in ends])
 
 
 def tokenizer_of(source: str):

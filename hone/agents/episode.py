@@ -28,6 +28,9 @@ class Episode:
     limit: str | None = None  # the limit that ended it, if one did
     versions: list[int] = field(default_factory=list)  # per token: the policy version that
     # sampled it (-1 on tokens the model did not sample)
+    segments: list[int] = field(default_factory=list)  # where each segment after the first
+    # starts in tokens: the whole conversation rendered again, where the chat template rewrote
+    # earlier turns (hone.agents.rollout); each segment's tokens are what the model saw
 
     def count(self, name: str, n: int = 1) -> None:
         self.events[name] = self.events.get(name, 0) + int(n)
@@ -66,7 +69,8 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
            "agent/model_tokens_mean": sum(sum(e.model_mask) for e in episodes) / n,
            "agent/env_tokens_mean": sum(e.env_tokens for e in episodes) / n,
            "agent/done_fraction": sum(e.done for e in episodes) / n,
-           "agent/cut_fraction": sum(e.limit is not None for e in episodes) / n}
+           "agent/cut_fraction": sum(e.limit is not None for e in episodes) / n,
+           "agent/segments_mean": sum(1 + len(e.segments) for e in episodes if e.tokens) / n}
     events: dict[str, int] = {}
     for e in episodes:
         for k, v in e.events.items():

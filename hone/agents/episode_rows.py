@@ -5,7 +5,11 @@ Row layout ([B, L] with L = agent.max_episode_tokens, P = max_prompt_tokens):
     tokens          the opening left-padded to P, the rest of the episode (model turns and
                     environment turns alike) from slot P on, then padding
     attention_mask  1 on the episode's tokens
-    positions       0, 1, ... over the real tokens
+    segment_ids     1 on the first segment (the opening and what follows it), 2, 3, ... on
+                    each later one (`Episode.segments`: the conversation rendered again where
+                    the template rewrote earlier turns), 0 on padding: a segment attends to
+                    itself only, so each is scored on what the model saw while sampling it
+    positions       0, 1, ... over each segment's tokens
     targets         tokens shifted left by one (the token each position predicts)
     loss_mask       1 where targets[t] is a token the model sampled (`Episode.model_mask`):
                     the opening, tool results, environment messages and template tokens
@@ -27,7 +31,6 @@ from typing import Sequence
 import numpy as np
 
 from hone.agents.episode import Episode
-from hone.models.layers import positions_from_mask
 
 
 def episode_rows(episodes: Sequence[Episode], prompt_tokens: int, length: int,
@@ -39,9 +42,11 @@ def episode_rows(episodes: Sequence[Episode], prompt_tokens: int, length: int,
     model = np.zeros((b, length), np.float32)
     logp = np.zeros((b, length), np.float32)
     turn = np.full((b, length), -1, np.int32)
+    segment = np.zeros((b, length), np.int32)
+    positions = np.zeros((b, length), np.int32)
     for r, ep in enumerate(episodes):
         if not ep.tokens:  # never started: one token, nothing scored
-            tokens[r, p - 1], mask[r, p - 1] = pad_id, 1
+            tokens[r, p - 1], mask[r, p - 1], segment[r, p - 1] = pad_id, 1, 1
             continue
         n, rest = ep.prompt_len, len(ep.tokens) - ep.prompt_len
         if n > p or p + rest > length:
@@ -56,9 +61,14 @@ def episode_rows(episodes: Sequence[Episode], prompt_tokens: int, length: int,
         slots = np.arange(start, p + rest)
         which = np.searchsorted(ends, slots)  # the turn whose span a slot's token lies in
         turn[r, start:p + rest] = np.where(model[r, start:p + rest] > 0, which, -1)
+        bounds = [0] + list(ep.segments) + [len(ep.tokens)]
+        for s, (a, z) in enumerate(zip(bounds[:-1], bounds[1:])):
+            segment[r, start + a:start + z] = s + 1
+            positions[r, start + a:start + z] = np.arange(z - a)
     shift = lambda x, fill: np.concatenate(  # noqa: E731 - slot t holds what t+1 holds
         [x[:, 1:], np.full((b, 1), fill, x.dtype)], axis=1)
-    return {"tokens": tokens, "attention_mask": mask, "positions": positions_from_mask(mask),
+    return {"tokens": tokens, "attention_mask": mask, "positions": positions,
+            "segment_ids": segment,
             "targets": shift(tokens, pad_id), "loss_mask": shift(model, 0.0),
             "sampler_logp": shift(logp, 0.0), "turn_index": shift(turn, -1)}
 

@@ -15,6 +15,12 @@ taking differences, so any template that renders a conversation prefix by prefix
 episode's text equals the template's rendering of the whole conversation (with the model's own
 tokens where its reply is).
 
+A template that rewrites earlier turns (Qwen3 drops the reasoning of replies before a new user
+query, and with enable_thinking false the empty think block of every earlier reply), or does not
+write the reply verbatim, cannot be continued so: `after_turn_text` raises `NotAPrefix`, and the
+rollout starts a new segment of the episode from `opening_text` of the whole conversation, as
+the template renders it now (hone/agents/rollout.py).
+
 Tools: a template that mentions `tools` gets the environment's JSON schemas as its `tools`
 argument; for one that does not, they are described in the system message
 (`hone.agents.tool_messages.tools_system_text`, the text SFT data gets too).
@@ -26,6 +32,11 @@ from typing import Any
 
 from hone.agents.tool_messages import for_template, takes_tools
 from hone.errors import InputError
+
+
+class NotAPrefix(InputError):
+    """The template's rendering of the conversation after a turn does not extend the episode's
+    text: the turn cannot be appended (a new segment can start; module doc)."""
 
 
 def supports_tools(tokenizer) -> bool:
@@ -64,7 +75,7 @@ def after_turn_text(tokenizer, history: list[dict], reply: str, end_text: str | 
     said = history + [{"role": "assistant", "content": reply}]
     before, through, full = render(history, True), render(said, False), render(said + new, True)
     if not (through.startswith(before) and full.startswith(through)):
-        raise InputError("the chat template does not render the conversation prefix by prefix, "
+        raise NotAPrefix("the chat template does not render the conversation prefix by prefix, "
                          "so a turn cannot be appended to an episode", key="chat_template")
     turn = through[len(before):]
     at, content = turn.find(reply), reply
@@ -72,7 +83,7 @@ def after_turn_text(tokenizer, history: list[dict], reply: str, end_text: str | 
         content = reply.strip()
         at = turn.find(content)
     if at < 0:
-        raise InputError("the chat template does not write the assistant's reply verbatim, so "
+        raise NotAPrefix("the chat template does not write the assistant's reply verbatim, so "
                          "the model's tokens cannot be kept as sampled", key="chat_template")
     closing = turn[at + len(content):]
     if end_text and closing.startswith(end_text):

@@ -15,6 +15,17 @@ environment's rendered answer is appended into the episode's own pages; the next
 from there. No turn encodes the history again, an episode that ends frees its place for the
 next waiting one, and an episode waiting for its environment holds no place.
 
+Templates that rewrite earlier turns (Qwen3 drops the reasoning of replies before a new user
+query; with enable_thinking false, every earlier reply's empty think block): after such a turn
+the episode cannot grow as one sequence, so it starts a new segment. The whole conversation is
+rendered again with the generation prompt (`opening_text`), appended to the episode's tokens as
+tokens the model did not sample (`Episode.segments` records where), and the next turn is
+sampled from it alone, as a new engine request (its pages are new; the earlier segment's are
+freed). Each segment is then exactly what the model saw while it sampled; the training row holds
+the segments one after the other, each attending to itself only (hone/agents/episode_rows.py).
+The environment's messages in such a turn count against `max_env_tokens` by their content's
+tokens. Each rendering again costs the row its length: budget `max_episode_tokens` for it.
+
 Limits: each episode's tokens stay within `max_episode_tokens` (and `max_after_opening` after
 its opening): a turn that would go past it is cut there and the episode ends (`limit =
 "max_episode_tokens"`). Tool results longer than `max_tool_tokens` are cut, marked, and counted;
@@ -31,7 +42,9 @@ thread for that, else there is no limit) and treated the same; each is counted i
 Randomness: the sampler's keys come from `seed`: token t after the opening of copy j of example
 i is drawn with fold_in(fold_in(fold_in(key(seed), i), j), t) (t counting the environment's
 tokens too; when the G openings differ, each episode is a request of its own and its sample 0
-draws with fold_in(fold_in(fold_in(fold_in(key(seed), i), j), 0), t)), and each environment is
+draws with fold_in(fold_in(fold_in(fold_in(key(seed), i), j), 0), t); segment s >= 1 of an
+episode whose first segment's request key is K and sample index j draws token t of its own with
+fold_in(fold_in(fold_in(K, SEGMENT_FOLD + s), j), t)), and each environment is
 seeded with `episode_seed(seed, example, copy)` before its reset: the episodes are a function of
 the weights, the examples and the seed only, not of how many run at once (exact resume).
 """
@@ -43,35 +56,12 @@ from typing import Callable, Sequence
 import jax
 from jax.random import fold_in
 
-from hone.agents.deadline import EnvTimeout, deadline
 from hone.agents.episode import Episode, Switch, episode_seed
-from hone.agents.render import after_turn_text, opening_text, supports_tools, with_tools
+from hone.agents.render import supports_tools
+from hone.agents.turns import Live, Restart, after_model_turn, start_episode
 from hone.errors import InputError
-from hone.sampling.generate import encode_prompt
 from hone.sampling.requests import Request, Sample, Turn
 from hone.sampling.scheduler import PagedEngine
-
-CUT_MARK = "\n[cut: {n} more tokens]"
-
-
-class _Live:
-    """Host-side state of one episode while it runs."""
-
-    def __init__(self, env, example: dict):
-        self.env, self.example = env, example
-        self.ep = Episode()
-        self.history: list[dict] = []  # the conversation as rendered (tools described)
-        self.extra: dict = {}
-        self.active = False
-        self.version = 0  # the policy version sampling its turns now
-        self.paused = False  # waits for the new weights (`Switch`) before its next turn
-        self.key, self.sample = None, 0  # its request's key and its sample index there
-        self.budget = 0  # its request's max_new_tokens
-
-    def fail(self, event: str) -> None:
-        self.ep.count(event)
-        self.ep.reward = float(getattr(self.env, "fallback_reward", 0.0) or 0.0)
-        self.active = False
 
 
 def _check(max_turns, max_new_tokens, max_episode_tokens, max_tool_tokens, max_env_tokens,
@@ -88,28 +78,6 @@ def _check(max_turns, max_new_tokens, max_episode_tokens, max_tool_tokens, max_e
     if max_new_tokens >= max_episode_tokens:
         raise InputError(f"max_new_tokens {max_new_tokens} leaves no room for an opening within "
                          f"max_episode_tokens {max_episode_tokens}", key="max_episode_tokens")
-
-
-def _cut_tools(tokenizer, messages: list[dict], max_tool_tokens: int, ep: Episode) -> list[dict]:
-    """Tool messages whose content is over max_tool_tokens tokens, cut there and marked."""
-    out = []
-    for m in messages:
-        content = m.get("content")
-        if m.get("role") == "tool" and isinstance(content, str):
-            ids = tokenizer.encode(content, add_special_tokens=False)
-            if len(ids) > max_tool_tokens:
-                m = dict(m, content=tokenizer.decode(ids[:max_tool_tokens])
-                         + CUT_MARK.format(n=len(ids) - max_tool_tokens))
-                ep.count("tool_tokens_cut")
-        out.append(m)
-    return out
-
-
-def _messages(step) -> list[dict]:
-    msgs = list(getattr(step, "messages", None) or [])
-    if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in msgs):
-        raise TypeError("Step.messages must be a list of {'role': ..., 'content': ...} objects")
-    return msgs
 
 
 def rollout(model, tokenizer, factory: Callable, examples: Sequence[dict], *, max_turns: int = 4,
@@ -150,11 +118,11 @@ def rollout(model, tokenizer, factory: Callable, examples: Sequence[dict], *, ma
         return []
     g = group_size
     native = supports_tools(tokenizer)
-    lives: list[_Live] = []
+    lives: list[Live] = []
     openings: list[list[int] | None] = []
     for i, example in enumerate(examples):
         for j in range(g):
-            live, ids = _start(factory, dict(example), episode_seed(seed, i, j), tokenizer,
+            live, ids = start_episode(factory, dict(example), episode_seed(seed, i, j), tokenizer,
                                native, max_opening_tokens or max_episode_tokens - max_new_tokens,
                                env_timeout_s)
             lives.append(live)
@@ -183,21 +151,32 @@ def rollout(model, tokenizer, factory: Callable, examples: Sequence[dict], *, ma
                                     turn_tokens=max_new_tokens, policy_version=policy_version))
             owners.append(episodes)
             for j, e in enumerate(episodes):
-                lives[e].key, lives[e].sample, lives[e].budget = k, j, room - len(opening)
+                live = lives[e]
+                live.key = live.segment_key = k
+                live.sample, live.budget, live.cap = j, room - len(opening), room
+                live.prompt_end = len(opening)
     for live in lives:
         live.version = policy_version
 
     def play(model, requests, owners) -> None:
+        segments = _Segments(len(requests))
+
         def on_turn(turn: Turn) -> list[int] | None:
-            live = lives[owners[turn.request][turn.sample]]
-            cap = live.ep.prompt_len + requests[turn.request].max_new_tokens
+            e = owners[turn.request][turn.sample] if turn.request < len(owners) else \
+                segments.owners[turn.request]
+            live = lives[e]
             cut = turn.room == 0 and turn.reason == "length" and len(turn.tokens) < max_new_tokens
-            more = _after_model_turn(live, turn.tokens, turn.logprobs, eos_set, tokenizer,
-                                     live.ep.turns, max_turns, cap, max_tool_tokens,
+            more = after_model_turn(live, turn.tokens, turn.logprobs, eos_set, tokenizer,
+                                     live.ep.turns, max_turns, live.cap, max_tool_tokens,
                                      max_env_tokens, env_timeout_s, cut=cut)
             if more is not None and switch is not None and live.version != switch.version \
                     and live.ep.turns >= switch.turn:
                 live.paused = True  # its next turn waits for the new weights
+                return None
+            if isinstance(more, Restart):  # a new segment: a request of its own
+                segments.add(e, Request(list(more), live.budget, live.segment_key,
+                                        turn_tokens=max_new_tokens,
+                                        policy_version=live.version, first_sample=live.sample))
                 return None
             return more
 
@@ -205,7 +184,9 @@ def rollout(model, tokenizer, factory: Callable, examples: Sequence[dict], *, ma
                              max_len=max(len(r.prompt) + r.max_new_tokens for r in requests),
                              page_size=page_size, cache_dtype=cache_dtype)
         engine.run(requests, temperature=temperature, top_k=top_k, top_p=top_p,
-                   eos_ids=tuple(eos_set), on_turn=on_turn)
+                   eos_ids=tuple(eos_set), on_turn=on_turn, feed=segments)
+        for e in segments.lost:
+            lives[e].fail("render_errors")
 
     if requests:
         play(model, requests, owners)
@@ -215,122 +196,42 @@ def rollout(model, tokenizer, factory: Callable, examples: Sequence[dict], *, ma
         for e in paused:
             live, ep = lives[e], lives[e].ep
             live.paused, live.version = False, switch.version
-            n = ep.prompt_len
+            n = live.prompt_end  # the running segment's prompt, then what it has after it
             so_far = Sample(tokens=ep.tokens[n:], logprobs=ep.logprobs[n:],
                             model_mask=ep.model_mask[n:], turns=ep.turns)
-            later.append(Request(ep.tokens[:n], live.budget, live.key,
+            later.append(Request(ep.tokens[live.start:n], live.budget, live.segment_key,
                                  turn_tokens=max_new_tokens, policy_version=switch.version,
-                                 first_sample=live.sample, resume=(so_far,)))
+                                 first_sample=live.sample,
+                                 resume=(so_far,) if so_far.tokens else None))
             owners.append([e])
         play(switch.model(), later, owners)
     return [live.ep for live in lives]
 
 
-def _start(factory, example: dict, seed: int, tokenizer, native: bool, room: int,
-           timeout: float | None):
-    """(live episode, opening token ids or None when it could not start)."""
-    live = _Live(None, example)
-    try:
-        with deadline(timeout):
-            env = factory()
-            live.env = env
-            if hasattr(env, "seed"):
-                env.seed(seed)
-            opening = list(env.reset(example))
-        messages, extra = with_tools(opening, getattr(env, "tools", None), native)
-        ids = encode_prompt(tokenizer, opening_text(tokenizer, messages, extra))
-    except EnvTimeout:
-        live.fail("env_timeouts")
-        return live, None
-    except Exception:  # noqa: BLE001 - an environment's failure ends its own episode only
-        live.fail("reset_errors")
-        return live, None
-    if not ids or len(ids) > room:
-        live.fail("openings_too_long")
-        return live, None
-    live.history, live.extra, live.active = messages, extra, True
-    ep = live.ep
-    ep.tokens, ep.model_mask, ep.logprobs = list(ids), [0] * len(ids), [0.0] * len(ids)
-    ep.versions = [-1] * len(ids)
-    ep.prompt_len, ep.messages = len(ids), list(opening)
-    return live, ids
+class _Segments:
+    """The engine's feed (hone.sampling.requests.Feed) of new segments' requests: `add` queues
+    one while the engine runs (from the turn callback), the next poll hands it over; closed
+    whenever nothing is queued (the engine then ends once nothing runs)."""
 
+    def __init__(self, first_index: int):
+        self.next, self.pending = first_index, []
+        self.owners: dict[int, int] = {}  # request index -> episode
+        self.lost: list[int] = []  # episodes whose segment the engine could not hold
 
-def _after_model_turn(live: _Live, sampled, logps, eos: set[int], tokenizer, turn: int,
-                      max_turns: int, max_episode_tokens: int, max_tool_tokens: int,
-                      max_env_tokens: int, timeout: float | None,
-                      cut: bool = False) -> list[int] | None:
-    """Record an episode's model turn, play the environment's answer; the environment's tokens
-    to append when the episode goes on, else None (and the episode is finished). cut: the turn
-    was stopped by the episode's token budget before its own end (it would have gone past
-    max_episode_tokens)."""
-    ep = live.ep
-    turn_ids = [int(t) for t in sampled]
-    end = next((k for k, t in enumerate(turn_ids) if t in eos), None)
-    if end is not None:
-        turn_ids = turn_ids[:end + 1]
-    else:
-        ep.count("turns_cut")  # max_new_tokens reached inside the turn
-    room = max_episode_tokens - len(ep.tokens)
-    over = cut or len(turn_ids) > room
-    turn_ids = turn_ids[:room]
-    ep.tokens += turn_ids
-    ep.model_mask += [1] * len(turn_ids)
-    ep.logprobs += [float(x) for x in logps[:len(turn_ids)]]
-    ep.versions += [live.version] * len(turn_ids)
-    ep.turns += 1
-    ep.turn_ends.append(len(ep.tokens) - 1)
-    ended_by_model = end is not None and not over
-    body = turn_ids[:-1] if ended_by_model else turn_ids
-    reply = tokenizer.decode(body)
-    ep.messages.append({"role": "assistant", "content": reply})
-    if over:
-        ep.rewards.append(0.0)
-        ep.limit, live.active = "max_episode_tokens", False
-        return None
-    try:
-        with deadline(timeout):
-            step = live.env.step(reply)
-        new = _messages(step)
-        reward = float(getattr(step, "reward", 0.0) or 0.0)
-        for name, n in (getattr(step, "info", None) or {}).items():
-            ep.count(name, n)
-    except EnvTimeout:
-        ep.rewards.append(0.0)
-        live.fail("env_timeouts")
-        return None
-    except Exception:  # noqa: BLE001
-        ep.rewards.append(0.0)
-        live.fail("env_errors")
-        return None
-    ep.rewards.append(reward)
-    ep.reward = float(sum(ep.rewards))
-    if getattr(step, "done", False):
-        ep.done, live.active = True, False
-        ep.messages += new
-        return None
-    if turn + 1 >= max_turns:
-        ep.limit, live.active = "max_turns", False
-        ep.messages += new
-        return None
-    new = _cut_tools(tokenizer, new, max_tool_tokens, ep)
-    ep.messages += new
-    end_text = tokenizer.decode([turn_ids[-1]]) if ended_by_model else None
-    try:
-        text = after_turn_text(tokenizer, live.history, reply, end_text, new, live.extra)
-    except Exception:  # noqa: BLE001 - messages this template cannot render end this episode
-        live.fail("render_errors")
-        return None
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    if len(ids) > max_env_tokens:
-        ep.limit, live.active = "max_env_tokens", False
-        return None
-    if len(ep.tokens) + len(ids) >= max_episode_tokens:
-        ep.limit, live.active = "max_episode_tokens", False
-        return None
-    live.history = live.history + [{"role": "assistant", "content": reply}] + new
-    ep.tokens += ids
-    ep.model_mask += [0] * len(ids)
-    ep.logprobs += [0.0] * len(ids)
-    ep.versions += [-1] * len(ids)
-    return ids
+    def add(self, episode: int, request: Request) -> None:
+        self.owners[self.next] = episode
+        self.pending.append((self.next, request))
+        self.next += 1
+
+    def poll(self, wait: bool):
+        out, self.pending = self.pending, []
+        return out or None
+
+    def tokens(self, index, sample, tokens, logprobs) -> None:
+        pass
+
+    def finished(self, index, sample, out) -> None:
+        pass
+
+    def refused(self, index, error) -> None:
+        self.lost.append(self.owners[index])

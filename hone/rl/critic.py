@@ -48,12 +48,14 @@ class ActorCritic(nnx.Module):
         return self.policy.logits_from_hidden(hidden), values  # [B, L, V], [B, L]
 
     def hidden_values(self, tokens: jax.Array, positions: jax.Array | None = None,
-                      attention_mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+                      attention_mask: jax.Array | None = None,
+                      segment_ids: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
         """The policy's final hidden states [B, L, D] (for its LM head, which a loss may run
-        over chunks of positions) and the values [B, L]."""
-        hidden = self.policy.hidden(tokens, positions, attention_mask)  # [B, L, D]
-        critic = hidden if self.critic is None else self.critic.hidden(tokens, positions,
-                                                                       attention_mask)
+        over chunks of positions) and the values [B, L]; segment_ids: packed segments
+        (episode rows), each attending to itself only."""
+        hidden = self.policy.hidden(tokens, positions, attention_mask, segment_ids)  # [B, L, D]
+        critic = hidden if self.critic is None else self.critic.hidden(
+            tokens, positions, attention_mask, segment_ids)
         return hidden, self.value_head(critic)[..., 0].astype(jnp.float32)
 
     def branch_slots(self, mb) -> tuple[jax.Array, jax.Array]:

@@ -34,7 +34,8 @@ def model_logp(model, mb, window: tuple[int, int] | None = None, entropy: bool =
     loss reads), so the prompt's [B, P, V] logits are never formed; the head runs over chunks
     of model.head_chunk positions (`hone.train.scoring.head_logprobs`)."""
     hidden = model.hidden(mb["tokens"], positions=mb["positions"],
-                          attention_mask=mb["attention_mask"])               # [B, L, D]
+                          attention_mask=mb["attention_mask"],
+                          segment_ids=mb.get("segment_ids"))                 # [B, L, D]
     if window is None:
         return head_logprobs(model, hidden, mb["targets"], entropy)
     start, width = window

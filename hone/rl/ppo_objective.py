@@ -35,7 +35,8 @@ def scored(model: ActorCritic, mb, entropy: bool = False):
     a batch: [B, L] for rows, and for tree rows [groups·G, M] at the samples' slots only. The
     LM head runs over chunks of positions (`hone.train.scoring.head_logprobs`)."""
     if "branch_ids" not in mb:
-        hidden, values = model.hidden_values(mb["tokens"], mb["positions"], mb["attention_mask"])
+        hidden, values = model.hidden_values(mb["tokens"], mb["positions"], mb["attention_mask"],
+                                             mb.get("segment_ids"))
         logp, ent = head_logprobs(model.policy, hidden, mb["targets"], entropy)
         return logp, values, ent
     hidden, values = model.branch_slots(mb)

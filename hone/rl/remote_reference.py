@@ -70,7 +70,8 @@ class RemoteReference(FrozenRole):
         self.transfer("params", unflatten(self.template, params))
 
     def __call__(self, rows: dict) -> np.ndarray:
-        keys = self.TREE_KEYS if "branch_ids" in rows else self.KEYS
+        keys = self.TREE_KEYS if "branch_ids" in rows else self.KEYS + tuple(
+            k for k in ("segment_ids",) if k in rows)  # episode rows: packed segments
         return super().__call__({key: rows[key] for key in keys})
 
     def describe(self) -> str:

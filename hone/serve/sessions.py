@@ -10,6 +10,11 @@ ids. So the episode is one token sequence: the opening, the model's ids exactly 
 (never decoded and encoded again), the environment's rendered turns, and its tokens equal the
 template's rendering of the whole conversation with the model's own ids where its replies are.
 
+Where the chat template rewrites earlier turns (Qwen3 drops the reasoning of replies before a
+new user query), the new messages cannot be appended: the episode starts a new segment, the
+whole conversation rendered again, and samples after that alone, as the in-process rollout does
+(hone/agents/rollout.py; `Episode.segments`).
+
 A harness that rewrites the conversation (drops or edits earlier messages) cannot be continued
 exactly: the session starts over from that request's messages and counts a `restart`; the
 earlier turns are not in the episode the trainer gets.
@@ -27,7 +32,7 @@ from dataclasses import dataclass, field
 
 import jax
 
-from hone.agents.render import after_turn_text
+from hone.agents.render import NotAPrefix, after_turn_text, opening_text
 from hone.agents.episode import Episode
 from hone.agents.tool_messages import for_template
 from hone.sampling.generate import encode_prompt
@@ -55,6 +60,7 @@ class Session:
     turn_ends: list[int] = field(default_factory=list)
     messages: list[dict] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)  # per token; -1 where not sampled
+    segments: list[int] = field(default_factory=list)  # where each later segment starts
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -100,11 +106,15 @@ class Sessions:
         if session.calls and len(messages) > n and all(
                 _same(a, b) for a, b in zip(messages, session.seen)):
             new, _ = for_template(messages[n:], None, tok.chat_template)
-            text = after_turn_text(tok, session.history, session.reply, session.end_text, new,
-                                   session.extra)
-            ids = tok.encode(text, add_special_tokens=False)
-            session.history = session.history + [{"role": "assistant",
-                                                  "content": session.reply}] + new
+            history = session.history + [{"role": "assistant", "content": session.reply}] + new
+            try:
+                text = after_turn_text(tok, session.history, session.reply, session.end_text,
+                                       new, session.extra)
+                ids = tok.encode(text, add_special_tokens=False)
+            except NotAPrefix:  # the template rewrote earlier turns: a new segment
+                ids = encode_prompt(tok, opening_text(tok, history, session.extra))
+                session.segments.append(len(session.tokens))
+            session.history = history
             session.tokens += ids
             session.model_mask += [0] * len(ids)
             session.logprobs += [0.0] * len(ids)
@@ -119,6 +129,7 @@ class Sessions:
             session.logprobs, session.prompt_len = [0.0] * len(ids), len(ids)
             session.versions = [-1] * len(ids)
             session.history, session.extra, session.turn_ends = msgs, extra, []
+            session.segments = []
         session.seen = list(messages)
         session.messages = list(messages)
         budget = min(self.max_new_tokens, self.max_episode_tokens - len(session.tokens))
@@ -132,7 +143,7 @@ class Sessions:
             session.limit = "max_episode_tokens"
         key = jax.random.fold_in(jax.random.fold_in(self.key, session.number), session.calls)
         session.calls += 1
-        return list(session.tokens), max(budget, 0), key
+        return list(session.tokens[(session.segments or [0])[-1]:]), max(budget, 0), key
 
     def record(self, session: Session, sample, reply: str, ended: bool, message: dict,
                version: int = 0) -> None:
@@ -162,7 +173,9 @@ class Sessions:
             ep.tokens, ep.model_mask, ep.logprobs = list(s.tokens), list(s.model_mask), list(
                 s.logprobs)
             ep.prompt_len, ep.turns, ep.turn_ends = s.prompt_len, len(s.turn_ends), list(s.turn_ends)
-            ep.versions = list(s.versions)
+            ep.versions, ep.segments = list(s.versions), list(s.segments)
+            if s.segments:
+                ep.count("template_rewrites", len(s.segments))
             ep.limit = s.limit
         ep.messages = list(s.messages)
         if s.restarts:

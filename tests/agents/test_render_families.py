@@ -15,8 +15,10 @@ does by default.
 Where a template rewrites earlier turns, one growing token sequence cannot be both what the model
 saw and the template's rendering: Qwen3 drops an earlier turn's reasoning once a new user query
 follows, and with enable_thinking false drops the empty think block its generation prompt gave
-each earlier reply. `after_turn_text` refuses those (the rollout ends such an episode and counts a
-render error); so does Gemma 2, whose template takes neither a system nor a tool message.
+each earlier reply. `after_turn_text` says so (`NotAPrefix`), and the rollout starts a new
+segment of the episode from the template's rendering of the whole conversation (tested in
+test_segments.py). Gemma 2's template takes neither a system nor a tool message: its episodes
+cannot start.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import pytest
 
 from hone.agents.environment import ToolEnvironment
 from hone.agents.parsers import Llama3JsonParser
-from hone.agents.render import after_turn_text, opening_text, supports_tools, with_tools
+from hone.agents.render import (NotAPrefix, after_turn_text, opening_text, supports_tools,
+                                with_tools)
 from hone.errors import InputError
 from hone.sampling.generate import encode_prompt
 from hone.tokenizer import Tokenizer, byte_level_backend, load_tokenizer
@@ -158,18 +161,18 @@ def test_an_episode_is_the_tokenisation_of_the_whole_conversation(source):
         assert '"name": "shout"' in whole and "To call a tool, write exactly" not in whole
 
 
-def test_templates_that_rewrite_earlier_turns_are_refused_not_misrendered():
+def test_templates_that_rewrite_earlier_turns_are_found_not_misrendered():
     tok = family_tokenizer("qwen3")
     # enable_thinking false: each reply followed an empty think block that the template drops
     # from every reply but the last
     env, messages, extra, _ = start(tok, {"enable_thinking": False})
     assert opening_text(tok, messages, extra).endswith("<think>\n\n</think>\n\n")
     new = env.step(REPLIES[1]).messages
-    with pytest.raises(InputError, match="prefix by prefix"):
+    with pytest.raises(NotAPrefix, match="prefix by prefix"):
         after_turn_text(tok, messages, REPLIES[1], "<|im_end|>", new, extra)
     # a new user query drops the reasoning of the replies before it
     env, messages, extra, _ = start(tok)
-    with pytest.raises(InputError, match="prefix by prefix"):
+    with pytest.raises(NotAPrefix, match="prefix by prefix"):
         after_turn_text(tok, messages, THINK + "Done.", "<|im_end|>",
                         [{"role": "user", "content": "Now shout it."}], extra)
     # while tool results keep the episode one query: the same reasoning is kept

@@ -1,11 +1,13 @@
 """Episodes an outside harness plays against hone serve (hone/serve/sessions.py): one token
 sequence whose model ids are those the responses carried, whose other tokens are the chat
 template's rendering of the rest of the conversation, whose log-probs are a teacher-forced
-pass's; the same harness again gives the same episode; a rewritten history starts it over."""
+pass's; the same harness again gives the same episode; a rewritten history starts it over; a
+template that rewrites earlier turns (Qwen3's) starts a new segment instead."""
 
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -15,7 +17,7 @@ from flax import nnx
 from hone.serve import Server
 from hone.serve.engine_loop import Settings
 from hone.serve.sessions import Sessions
-from hone.tokenizer import load_tokenizer
+from hone.tokenizer import Tokenizer, load_tokenizer
 from hone.weights.loading import load_model
 
 openai = pytest.importorskip("openai")
@@ -106,6 +108,36 @@ def test_a_rewritten_history_starts_the_episode_over_and_says_so(tiny):
     assert ep.events == {"restarts": 1, "missing_rewards": 1} and ep.reward == 0.0
     assert ep.turns == 1  # the turn after the restart: the earlier ones are not in it
     assert np.asarray(ep.tokens)[np.asarray(ep.model_mask, bool)].tolist() == said["a"][2]
+
+
+def test_a_template_that_rewrites_earlier_turns_starts_a_segment_per_turn(tiny):
+    """Qwen3's real template on the tiny tokenizer (which has its ChatML tokens): the random
+    model writes no think block, and the template drops the empty one it gives the last reply
+    once the reply is no longer last, so each later turn renders the conversation again."""
+    model, tiny_tok = tiny
+    path = Path(__file__).parents[1] / "agents" / "templates" / "qwen3.jinja"
+    tok = Tokenizer(tiny_tok.backend, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+                    chat_template=path.read_text(encoding="utf-8"),
+                    extra_eos_ids=[tiny_tok.backend.token_to_id("<|im_end|>")])
+    sessions, said = play(model, tok)
+    for name in ("a", "b"):
+        ep = sessions.episode(name, 1.0)
+        assert ep.turns == 3 and len(ep.segments) == 2
+        assert ep.events == {"template_rewrites": 2}
+        bounds = [0] + ep.segments + [len(ep.tokens)]
+        text = lambda ids: tok.decode(ids[:-1] if ids[-1] in tok.eos_ids else ids)  # noqa
+        history = [ep.messages[0]]
+        for t, (a, z) in enumerate(zip(bounds[:-1], bounds[1:])):
+            seg = ep.tokens[a:z]
+            mask = np.asarray(ep.model_mask[a:z], bool)
+            assert np.asarray(seg)[mask].tolist() == said[name][t]
+            prompt = tok.apply_chat_template(history, add_generation_prompt=True)
+            assert tok.decode(seg) == prompt + tok.decode(said[name][t])
+            forced = _teacher_forced(model, seg)
+            np.testing.assert_allclose(np.asarray(ep.logprobs[a + 1:z])[mask[1:]],
+                                       forced[mask[1:]], atol=1e-4)
+            history += [{"role": "assistant", "content": text(said[name][t])},
+                        *ep.messages[2 * t + 2:2 * t + 3]]
 
 
 def _teacher_forced(model, tokens):

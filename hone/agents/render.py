@@ -23,14 +23,16 @@ the template renders it now (hone/agents/rollout.py).
 
 Tools: a template that mentions `tools` gets the environment's JSON schemas as its `tools`
 argument; for one that does not, they are described in the system message
-(`hone.agents.tool_messages.tools_system_text`, the text SFT data gets too).
+(`hone.agents.tool_messages.tools_system_text`, the text SFT data gets too). A template that
+refuses the system or the tool role (Gemma's) gets the messages in the roles it takes
+(`in_roles`), as SFT data does.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from hone.agents.tool_messages import for_template, takes_tools
+from hone.agents.tool_messages import fit_roles, for_template, refused_roles, takes_tools
 from hone.errors import InputError
 
 
@@ -54,6 +56,17 @@ def with_tools(messages: list[dict], tools: list[dict] | None, native: bool) -> 
     if native:
         return list(messages), {"tools": tools}
     return for_template(list(messages), tools, None)
+
+
+def in_roles(tokenizer, messages: list[dict], extra: dict[str, Any],
+             opening: bool = True) -> list[dict]:
+    """`messages` in the roles the tokenizer's chat template takes
+    (`hone.agents.tool_messages.fit_roles`: for templates that refuse the system or tool role,
+    such as Gemma's); opening: they start the conversation, else they answer a model turn."""
+    template = getattr(tokenizer, "chat_template", None)
+    refused = refused_roles(template, lambda m: tokenizer.apply_chat_template(
+        m, add_generation_prompt=False, **extra))
+    return fit_roles(messages, refused, opening)
 
 
 def opening_text(tokenizer, messages: list[dict], extra: dict[str, Any]) -> str:

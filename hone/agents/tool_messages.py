@@ -19,7 +19,14 @@ Templates differ in what they know. Choices:
 - `arguments` given as a JSON string are parsed to an object first, everywhere: templates write
   them with `| tojson`, which would quote a string a second time.
 - Tool messages keep their role: a template without tools renders `tool` like any role (ChatML:
-  `<|im_start|>tool\\n...<|im_end|>\\n`); one that refuses it is named by `refused_tool_message`.
+  `<|im_start|>tool\\n...<|im_end|>\\n`). A template that refuses a role (Gemma's take only user
+  and model turns, strictly alternating; Gemma 2's not even a system message) gets the
+  conversation in the roles it takes (`fit_roles`): the system text at the head of the first user
+  message (as Gemma 3's own template places it), each tool result as a user message wrapped in
+  `<tool_response>` lines (Qwen's layout), and the messages between two assistant turns merged
+  into one user turn. Training data, the agent sampler and `hone serve` all go through it, so a
+  warm-started model sees in RL what it saw in SFT. `refused_tool_message` names a tool message
+  that a template still refuses.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ import re
 from typing import Any
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
+_REFUSED: dict[str, tuple[bool, bool]] = {}  # template source -> (refuses system, refuses tool)
 
 
 def tool_calls_as_text(message: dict) -> str:
@@ -98,6 +107,59 @@ def for_template(messages: list[dict], tools: list[dict] | None,
         else:
             messages = [{"role": "system", "content": tools_system_text(tools)}] + messages
     return messages, extra
+
+
+def refused_roles(template: str | None, render) -> tuple[bool, bool]:
+    """(refuses a leading system message, refuses a tool message) of a chat template, found by
+    rendering two short conversations each way (`render(messages)` raises on a refusal)."""
+    if template is None:
+        return False, False
+    if template not in _REFUSED:
+        def fails(messages) -> bool:
+            try:
+                render(messages)
+            except Exception:  # noqa: BLE001 - any refusal of the template's
+                return True
+            return False
+
+        q, a = {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}
+        system = fails([{"role": "system", "content": "s"}, q]) and not fails([q])
+        tool = (fails([q, a, {"role": "tool", "content": "r"}])
+                and not fails([q, a, {"role": "user", "content": "r"}]))
+        _REFUSED[template] = (system, tool)
+    return _REFUSED[template]
+
+
+def fit_roles(messages: list[dict], refused: tuple[bool, bool], opening: bool = True) -> list[dict]:
+    """`messages` in the roles a template takes (module doc; `refused` from `refused_roles`):
+    unchanged when it refuses none. opening: the messages start the conversation (a leading
+    system message is folded into the first user message); else they follow an assistant turn
+    (an environment's answer) and become one user message."""
+    no_system, no_tool = refused
+    if not (no_system or no_tool):
+        return list(messages)
+    prefix = ""
+    if opening and no_system and messages and messages[0]["role"] == "system":
+        prefix, messages = (messages[0].get("content") or "") + "\n\n", messages[1:]
+    out: list[dict] = []
+    for m in messages:
+        role, content = m["role"], m.get("content") or ""
+        if role == "tool" and no_tool:
+            role, content = "user", f"{TOOL_RESPONSE_OPEN}\n{content}\n{TOOL_RESPONSE_CLOSE}"
+        elif role == "system" and no_system:
+            role = "user"
+        if role == "user" and out and out[-1]["role"] == "user":
+            out[-1] = {**out[-1], "content": out[-1]["content"] + "\n" + content}
+        else:
+            out.append({**{k: v for k, v in m.items() if k not in ("name", "tool_call_id")
+                           or role == m["role"]}, "role": role, "content": content})
+    if prefix:
+        first = next((i for i, m in enumerate(out) if m["role"] == "user"), None)
+        if first is None:
+            out.insert(0, {"role": "user", "content": prefix.rstrip("\n")})
+        else:
+            out[first] = {**out[first], "content": prefix + out[first]["content"]}
+    return out
 
 
 def refused_tool_message(messages: list[dict], render) -> int | None:

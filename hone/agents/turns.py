@@ -11,7 +11,7 @@ from jax.random import fold_in
 
 from hone.agents.deadline import EnvTimeout, deadline
 from hone.agents.episode import Episode
-from hone.agents.render import NotAPrefix, after_turn_text, opening_text, with_tools
+from hone.agents.render import NotAPrefix, after_turn_text, in_roles, opening_text, with_tools
 from hone.sampling.generate import encode_prompt
 
 CUT_MARK = "\n[cut: {n} more tokens]"
@@ -80,6 +80,7 @@ def start_episode(factory, example: dict, seed: int, tokenizer, native: bool, ro
                 env.seed(seed)
             opening = list(env.reset(example))
         messages, extra = with_tools(opening, getattr(env, "tools", None), native)
+        messages = in_roles(tokenizer, messages, extra)
         ids = encode_prompt(tokenizer, opening_text(tokenizer, messages, extra))
     except EnvTimeout:
         live.fail("env_timeouts")
@@ -158,6 +159,7 @@ def after_model_turn(live: Live, sampled, logps, eos: set[int], tokenizer, turn:
     new = cut_tools(tokenizer, new, max_tool_tokens, ep)
     ep.messages += new
     end_text = tokenizer.decode([turn_ids[-1]]) if ended_by_model else None
+    new = in_roles(tokenizer, new, live.extra, opening=False)
     history = live.history + [{"role": "assistant", "content": reply}] + new
     restart = False
     try:

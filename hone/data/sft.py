@@ -57,8 +57,8 @@ from typing import Any
 
 import numpy as np
 
-from hone.agents.tool_messages import (check_tool_calls, check_tools, for_template,
-                                     refused_tool_message)
+from hone.agents.tool_messages import (check_tool_calls, check_tools, fit_roles, for_template,
+                                       refused_roles, refused_tool_message)
 from hone.chat_template import ChatTemplateError
 from hone.errors import InputError
 from hone.sampling.generate import encode_prompt
@@ -184,12 +184,16 @@ def prompt_completion_tokens(prompt: str, completion: str, tokenizer, loss_on: s
 def _tool_chat_tokens(messages: list[dict], keys: list[str], record: dict, tokenizer,
                       loss_on: str, where: Where):
     """`chat_tokens` of a conversation that may use tools: written for the template first
-    (`for_template`); a template refusing the `tool` role is named at that message's role
+    (`for_template`), in the roles it takes (`fit_roles`: Gemma's get tool results as user
+    turns); a template that still refuses the `tool` role is named at that message's role
     (`keys[j]` names message j in the record)."""
     tools = check_tools(record.get("tools"), where)
-    ready, extra = for_template(messages, tools, getattr(tokenizer, "chat_template", None))
+    template = getattr(tokenizer, "chat_template", None)
+    ready, extra = for_template(messages, tools, template)
+    refused = refused_roles(template, lambda m: tokenizer.apply_chat_template(
+        m, add_generation_prompt=False, **extra))
     try:
-        return chat_tokens(ready, tokenizer, loss_on, where, extra=extra)
+        return chat_tokens(fit_roles(ready, refused), tokenizer, loss_on, where, extra=extra)
     except InputError as err:
         if not isinstance(err.__cause__, ChatTemplateError):
             raise

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hone.agents.parsers import HermesParser
+from hone.agents.render import in_roles
 from hone.agents.tool_messages import for_template
 from hone.sampling.generate import encode_prompt
 from hone.serve.engine_loop import Settings
@@ -124,6 +125,7 @@ def render(tokenizer, messages: list[dict], tools: list[dict] | None) -> list[in
     """The prompt's token ids: the conversation through the chat template, generation prompt
     on."""
     messages, extra = for_template(messages, tools or None, tokenizer.chat_template)
+    messages = in_roles(tokenizer, messages, extra)  # Gemma's: tool results as user turns
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **extra)
     return encode_prompt(tokenizer, text)
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import jax
 
-from hone.agents.render import NotAPrefix, after_turn_text, opening_text
+from hone.agents.render import NotAPrefix, after_turn_text, in_roles, opening_text
 from hone.agents.episode import Episode
 from hone.agents.tool_messages import for_template
 from hone.sampling.generate import encode_prompt
@@ -106,6 +106,7 @@ class Sessions:
         if session.calls and len(messages) > n and all(
                 _same(a, b) for a, b in zip(messages, session.seen)):
             new, _ = for_template(messages[n:], None, tok.chat_template)
+            new = in_roles(tok, new, session.extra, opening=False)
             history = session.history + [{"role": "assistant", "content": session.reply}] + new
             try:
                 text = after_turn_text(tok, session.history, session.reply, session.end_text,
@@ -123,6 +124,7 @@ class Sessions:
             if session.calls:
                 session.restarts += 1
             msgs, extra = for_template(messages, tools or None, tok.chat_template)
+            msgs = in_roles(tok, msgs, extra)
             ids = encode_prompt(tok, tok.apply_chat_template(msgs, add_generation_prompt=True,
                                                              **extra))
             session.tokens, session.model_mask = list(ids), [0] * len(ids)

@@ -18,7 +18,8 @@ follows, and with enable_thinking false drops the empty think block its generati
 each earlier reply. `after_turn_text` says so (`NotAPrefix`), and the rollout starts a new
 segment of the episode from the template's rendering of the whole conversation (tested in
 test_segments.py). Gemma 2's template takes neither a system nor a tool message: its episodes
-cannot start.
+get them in the roles it takes (`in_roles`: the system text at the head of the first user turn,
+tool results as <tool_response> blocks in one user turn), as its SFT data does.
 """
 
 from __future__ import annotations
@@ -26,11 +27,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hone.agents.environment import ToolEnvironment
 from hone.agents.parsers import Llama3JsonParser
-from hone.agents.render import (NotAPrefix, after_turn_text, opening_text, supports_tools,
-                                with_tools)
+from hone.agents.tool_messages import fit_roles
+from hone.agents.render import (NotAPrefix, after_turn_text, in_roles, opening_text,
+                                supports_tools, with_tools)
 from hone.errors import InputError
 from hone.sampling.generate import encode_prompt
 from hone.tokenizer import Tokenizer, byte_level_backend, load_tokenizer
@@ -117,6 +121,7 @@ def start(tok, extra=None):
     opening = env.reset({"prompt": "Add 2 and 3, shout hi, then add 1."})
     messages, args = with_tools(opening, env.tools, supports_tools(tok))
     args = {**args, "date_string": "26 Jul 2024", **(extra or {})}
+    messages = in_roles(tok, messages, args)  # as the rollout: Gemma's roles
     return env, messages, args, encode_prompt(tok, opening_text(tok, messages, args))
 
 
@@ -130,35 +135,44 @@ def end_token(tok) -> int:
 
 @pytest.mark.parametrize("source", ["tiny", pytest.param("smollm2-135m-instruct",
                                                          marks=pytest.mark.real_model),
-                                    "qwen2.5", "qwen3", "llama3.1", "llama3.2"])
+                                    "qwen2.5", "qwen3", "llama3.1", "llama3.2", "gemma2"])
 def test_an_episode_is_the_tokenisation_of_the_whole_conversation(source):
     tok = tokenizer_of(source)
-    assert supports_tools(tok) == (source in FAMILIES)
+    native = source in FAMILIES and source != "gemma2"
+    assert supports_tools(tok) == native
     env, messages, extra, ids = start(tok)
     end = end_token(tok)
     history = messages
-    conversation = list(messages)
+    conversation = with_tools(env.reset({"prompt": "Add 2 and 3, shout hi, then add 1."}),
+                              env.tools, native)[0]  # as the environment gave it
     for turn, reply in enumerate(replies_of(source)):
         ids += tok.encode(reply, add_special_tokens=False) + [end]
         step = env.step(reply)
         conversation.append({"role": "assistant", "content": reply})
         if step.done:
             break
-        new = step.messages
-        assert [m["role"] for m in new] == ["tool"] * (2 if turn == 0 else 1)
+        assert [m["role"] for m in step.messages] == ["tool"] * (2 if turn == 0 else 1)
+        new = in_roles(tok, step.messages, extra, opening=False)  # as the rollout does
         ids += tok.encode(after_turn_text(tok, history, reply, tok.decode([end]), new, extra),
                           add_special_tokens=False)
         history = history + [{"role": "assistant", "content": reply}] + new
-        conversation += new
+        conversation += step.messages
     assert step.done and step.reward == 1.0
     assert [m["content"] for m in conversation if m["role"] == "tool"] == ["5", "HI", "6"]
-    whole = tok.apply_chat_template(conversation, add_generation_prompt=False, **extra)
+    # the whole conversation in the roles the template takes, as SFT data renders it
+    whole = tok.apply_chat_template(in_roles(tok, conversation, extra),
+                                    add_generation_prompt=False, **extra)
     expect = encode_prompt(tok, whole)
     # The rendering closes the last reply after its end token ("\n" in ChatML): the episode
     # stops at the end token the model sampled.
     assert ids == expect[:len(ids)] and tok.decode(expect[len(ids):]).strip() == ""
-    if source in FAMILIES:  # the tools reached the template itself, not the system text
+    if native:  # the tools reached the template itself, not the system text
         assert '"name": "shout"' in whole and "To call a tool, write exactly" not in whole
+    if source == "gemma2":  # user and model turns only: the system text opens the first user
+        # turn, both results of the first turn share one user turn
+        assert "<start_of_turn>system" not in whole and "<start_of_turn>tool" not in whole
+        assert whole.count("<start_of_turn>user\nUse the tools.\n\nYou can call these") == 1
+        assert "<tool_response>\n5\n</tool_response>\n<tool_response>\nHI" in whole
 
 
 def test_templates_that_rewrite_earlier_turns_are_found_not_misrendered():
@@ -180,7 +194,47 @@ def test_templates_that_rewrite_earlier_turns_are_found_not_misrendered():
                            env.step(REPLIES[1]).messages, extra)
     assert text == ("\n<|im_start|>user\n<tool_response>\n6\n</tool_response><|im_end|>\n"
                     "<|im_start|>assistant\n")
-    # Gemma 2 takes no system message (nor tool messages): the opening already fails
+    # Gemma 2 takes no system message (nor tool messages) as they come: `in_roles` is needed
     gemma = family_tokenizer("gemma2")
     with pytest.raises(InputError, match="System role not supported"):
-        start(gemma)
+        opening_text(gemma, [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}],
+                     {})
+
+
+ENV_ROLES = st.sampled_from(["tool", "user", "system"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(system=st.booleans(), runs=st.lists(st.lists(ENV_ROLES, min_size=1, max_size=3),
+                                           max_size=4), answered=st.booleans())
+def test_fitted_roles_alternate_and_keep_every_text_in_order(system, runs, answered):
+    """Any conversation an environment makes (an optional system message, a user message, then
+    model turns each answered by tool, user or system messages) fits Gemma's rule: user and
+    assistant turns alternating from a user turn, every text kept in order."""
+    texts = iter(f"t{k}" for k in range(100))
+    messages = ([{"role": "system", "content": next(texts)}] if system else []) + [
+        {"role": "user", "content": next(texts)}]
+    for run in runs:
+        messages.append({"role": "assistant", "content": next(texts)})
+        messages += [{"role": r, "content": next(texts)} for r in run]
+    if answered:
+        messages.append({"role": "assistant", "content": next(texts)})
+    fitted = fit_roles(messages, (True, True))
+    assert [m["role"] for m in fitted] == ["user", "assistant"] * (len(fitted) // 2) + (
+        ["user"] if len(fitted) % 2 else [])
+    joined = "\n".join(m["content"] for m in fitted)
+    positions = [joined.find(m["content"]) for m in messages]
+    assert -1 not in positions and positions == sorted(positions)
+    # as the rollout builds it: the opening fitted, then each environment answer on its own
+    first = 2 if system else 1
+    step = fit_roles(messages[:first], (True, True))
+    answer: list[dict] = []
+    for m in messages[first:] + [{"role": "assistant", "content": "end"}]:
+        if m["role"] != "assistant":
+            answer.append(m)
+            continue
+        step += fit_roles(answer, (True, True), opening=False) + [m]
+        answer = []
+    step.pop()
+    assert step == fitted
+    assert fit_roles(messages, (False, False)) == messages

@@ -218,10 +218,25 @@ def test_bad_tool_records_name_file_record_and_field(record, field, words):
     assert words in message
 
 
-def test_a_template_refusing_the_tool_role_is_named_at_that_role():
+def test_a_template_refusing_the_tool_role_gets_tool_results_as_user_turns():
     refusing = with_template("{% for m in messages %}{% if m['role'] == 'tool' %}"
                              "{{ raise_exception('Unknown role: tool') }}{% endif %}"
-                             "{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
+                             "{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                             "{% if add_generation_prompt %}assistant: {% endif %}")
+    conversation = CONVERSATION[:3] + [{"role": "tool", "content": "6"}] + CONVERSATION[3:]
+    ex = tokenize_sft({"messages": conversation, "tools": [ADD]}, refusing, path="f.jsonl",
+                      max_length=4096)
+    text = refusing.decode(ex.tokens.tolist())
+    assert "user: <tool_response>\n5\n</tool_response>\n<tool_response>\n6\n</tool_response>\n" \
+        in text and "tool:" not in text  # consecutive results: one user turn
+    assert trained_text(refusing, ex) == tool_calls_as_text(CONVERSATION[1]) + "\n" + "5.\n"
+
+
+def test_a_template_still_refusing_the_tool_role_is_named_at_that_role():
+    # refuses only tool messages that answer a call by id: the role probe passes, the data not
+    refusing = with_template("{% for m in messages %}{% if m['role'] == 'tool' and "
+                             "m['tool_call_id'] %}{{ raise_exception('Unknown role: tool') }}"
+                             "{% endif %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
     expected = (r"^f\.jsonl: 'messages\[2\]\.role': record 0: the chat template refuses the "
                 r"role 'tool' \(Unknown role: tool\)")
     with pytest.raises(InputError, match=expected):

@@ -1,13 +1,13 @@
 """`make bench`: every side-by-side driver, then one summary of the speed goals.
 
-Runs decode.py, train.py (twice: 4 x 128 rows, then one row of 2,048 tokens), dpo.py and
-grpo.py (each with --write, so each rewrites its own RESULTS.md section and adds its run, dated,
+Runs decode.py, train.py (twice: 4 x 128 rows, then one row of 2,048 tokens), dpo.py, grpo.py
+and rollouts.py (each with --write, so each rewrites its own RESULTS.md section and adds its run, dated,
 to the tracked benchmarks/figures/DRIVER.json) one after another, never in parallel. From every
 driver's figures, each (impl, row) taken from the newest run that measured it (_figures.py says
 why a tracked file), this script writes the "## Summary" section near the top of RESULTS.md:
-one table with every row (sft, lora, sft 1 x 2048, dpo, decode batch 8 and 32, grpo, and
-hone's bf16 rows) x hone, Tunix and PyTorch (median step seconds, or tokens per second for
-decode; first-step seconds; peak RSS), the date of the run
+one table with every row (sft, lora, sft 1 x 2048, dpo, decode batch 8 and 32, grpo, the
+long-tail and uniform rollouts (hone's paged engine), and hone's bf16 rows) x hone, Tunix and
+PyTorch (median step seconds, or tokens per second for decode and rollouts; first-step seconds; peak RSS), the date of the run
 each row comes from, hone's speed-up over each and the goals (2x Tunix, 2.5x PyTorch) met,
 NOT met or not run (with the reason), and the chart benchmarks/results.png of the speed-ups.
 Rerunning one driver alone and then `--summary-only` replaces that driver's rows and keeps the
@@ -32,7 +32,7 @@ sys.path.insert(0, str(HERE))
 import _driver  # noqa: E402
 import _figures  # noqa: E402
 
-DRIVERS = ("decode", "train", "dpo", "grpo")  # the order they run in
+DRIVERS = ("decode", "train", "dpo", "grpo", "rollouts")  # the order they run in
 # (summary row, driver, the driver's row name, what is compared: "step" s or decode "tok/s").
 # A row name "X-bf16" is hone with bf16 compute (fp32 master weights, optimizer and loss),
 # compared with the others' fp32 row X (the issue's precision policy row).
@@ -40,6 +40,8 @@ ROWS = (("sft", "train", "sft", "step"), ("lora", "train", "lora", "step"),
         ("sft 1 x 2048", "train", "sft 1x2048", "step"),
         ("dpo", "dpo", "dpo", "step"), ("decode batch 8", "decode", "decode-8", "tok/s"),
         ("decode batch 32", "decode", "decode-32", "tok/s"), ("grpo", "grpo", "grpo", "step"),
+        ("rollout long-tail", "rollouts", "long-tail", "tok/s"),
+        ("rollout uniform", "rollouts", "uniform", "tok/s"),
         ("sft, hone bf16", "train", "sft-bf16", "step"),
         ("lora, hone bf16", "train", "lora-bf16", "step"),
         ("dpo, hone bf16", "dpo", "dpo-bf16", "step"),
@@ -50,10 +52,12 @@ DRIVER_FLAGS = {"train": ["--bf16"], "dpo": ["--bf16"]}  # what each driver runs
 # is one row of 2,048 tokens (its own section and "sft 1x2048" records), so the suite measures
 # more than 128-token rows.
 LONG_ROW = ["--rows", "sft", "--batch", "1", "--seq-len", "2048"]
-RUNS = (("decode", None), ("train", None), ("train", LONG_ROW), ("dpo", None), ("grpo", None))
+RUNS = (("decode", None), ("train", None), ("train", LONG_ROW), ("dpo", None), ("grpo", None),
+        ("rollouts", None))
 IMPLS = ("hone", "tunix", "torch")
 # (driver, impl) pairs with no figures by design, and why (the Summary says it in their place).
-NOT_RUN = {("grpo", "torch"): "PyTorch has no GRPO driver"}
+NOT_RUN = {("grpo", "torch"): "PyTorch has no GRPO driver",
+           ("rollouts", "torch"): "PyTorch has no rollout driver"}
 GOALS = {"tunix": 2.0, "torch": 2.5}  # hone at least this many times faster
 NAMES = {"hone": "hone", "tunix": "Tunix", "torch": "PyTorch"}
 CHART = HERE / "results.png"
@@ -206,7 +210,8 @@ def section(rows: list[dict], command: str) -> str:
         "(benchmarks/figures/DRIVER.json, which each driver's --write saves beside its section "
         f"below): {sources(rows)}. date: the day of the run a row's figures come "
         "from; that run's full table is in the driver's section below. measure: the median step "
-        "time (s, lower is better) or, for decode, tokens per second (higher is better). The "
+        "time (s, lower is better) or, for decode and rollouts, tokens per second (higher is "
+        "better; a rollout row's hone is its paged engine). The "
         "bf16 rows are hone with bfloat16 compute (float32 master weights, optimizer and loss; "
         "decode: bfloat16 weights) against the others' float32. hone/tunix and hone/torch: how "
         "many times faster hone is (step time ratio, or tokens-per-second ratio). not run: no "

@@ -69,7 +69,7 @@ def step_messages(step) -> list[dict]:
 
 
 def start_episode(factory, example: dict, seed: int, tokenizer, native: bool, room: int,
-           timeout: float | None):
+                  timeout: float | None):
     """(live episode, opening token ids or None when it could not start)."""
     live = Live(None, example)
     try:
@@ -100,9 +100,9 @@ def start_episode(factory, example: dict, seed: int, tokenizer, native: bool, ro
 
 
 def after_model_turn(live: Live, sampled, logps, eos: set[int], tokenizer, turn: int,
-                      max_turns: int, max_episode_tokens: int, max_tool_tokens: int,
-                      max_env_tokens: int, timeout: float | None,
-                      cut: bool = False) -> list[int] | None:
+                     max_turns: int, max_episode_tokens: int, max_tool_tokens: int,
+                     max_env_tokens: int, timeout: float | None,
+                     cut: bool = False) -> list[int] | None:
     """Record an episode's model turn, play the environment's answer; the environment's tokens
     to append when the episode goes on, else None (and the episode is finished). cut: the turn
     was stopped by the episode's token budget before its own end (it would have gone past

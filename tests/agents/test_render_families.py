@@ -26,13 +26,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jax
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hone.agents import Step
 from hone.agents.environment import ToolEnvironment
 from hone.agents.parsers import Llama3JsonParser
 from hone.agents.tool_messages import fit_roles
+from hone.agents.turns import Restart, after_model_turn, start_episode
 from hone.agents.render import (NotAPrefix, after_turn_text, in_roles, opening_text,
                                 supports_tools, with_tools)
 from hone.errors import InputError
@@ -238,3 +242,68 @@ def test_fitted_roles_alternate_and_keep_every_text_in_order(system, runs, answe
     step.pop()
     assert step == fitted
     assert fit_roles(messages, (False, False)) == messages
+
+
+class FollowUp:
+    """A tool turn, then a new user query, then done: Qwen3 drops the reasoning of the replies
+    before the new query."""
+
+    tools = ToolEnvironment([add], lambda **_: 1.0, runner="inline").tools
+
+    def reset(self, example):
+        self.turn = 0
+        return [{"role": "system", "content": "Use the tools."},
+                {"role": "user", "content": example["prompt"]}]
+
+    def step(self, reply):
+        self.turn += 1
+        if self.turn == 1:
+            return Step([{"role": "tool", "content": "5"}])
+        if self.turn == 2:
+            return Step([{"role": "user", "content": "Now add 1."}])
+        return Step(reward=1.0, done=True)
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+def test_qwen3_reasoning_dropped_from_earlier_turns_starts_segments(thinking):
+    """Episodes assembled by the rollout's own host side (hone.agents.turns): each segment is the
+    template's rendering of the conversation before its turn, then the sampled ids; the reasoning
+    the model wrote is in the segment it sampled and not in the next one's prompt."""
+    tok = family_tokenizer("qwen3")
+    end = tok.backend.token_to_id("<|im_end|>")
+    think = THINK if thinking else ""
+    replies = [think + '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>',
+               think + "It is 5.", think + "Then 6."]
+    live, ids = start_episode(FollowUp, {"prompt": "Add 2 and 3."}, 0, tok, True, 4096, None)
+    live.key = jax.random.key(0)  # the rollout's request key: segments fold theirs from it
+    extra = {} if thinking else {"enable_thinking": False}
+    live.extra.update(extra)
+    if not thinking:  # the opening as such a run renders it: an empty think block to answer in
+        ids = encode_prompt(tok, opening_text(tok, live.history, live.extra))
+        live.ep.tokens = list(ids)
+    restarts = []
+    for turn, reply in enumerate(replies):
+        sampled = tok.encode(reply, add_special_tokens=False) + [end]
+        more = after_model_turn(live, sampled, [0.0] * len(sampled), {end}, tok, turn, 4, 4096,
+                                256, 256, None)
+        restarts.append(isinstance(more, Restart))
+    ep = live.ep
+    assert ep.done and ep.reward == 1.0 and ep.turns == 3
+    # thinking: only the new user query rewrites (the tool turn keeps the reasoning); without
+    # thinking every turn does (each earlier reply loses the empty think block it followed)
+    assert restarts == ([False, True, False] if thinking else [True, True, False])
+    bounds = [0] + ep.segments + [len(ep.tokens)]
+    replies_at = [k for k, m in enumerate(ep.messages) if m["role"] == "assistant"]
+    opening = [{"role": "system", "content": "Use the tools."},
+               {"role": "user", "content": "Add 2 and 3."}]
+    conversation = opening + ep.messages[2:]
+    for s, (a, z) in enumerate(zip(bounds[:-1], bounds[1:])):
+        first = [k for k in range(len(replies_at)) if bounds[s] <= ep.turn_ends[k] < z][0]
+        before = tok.apply_chat_template(conversation[:replies_at[first]],
+                                         add_generation_prompt=True, tools=live.extra["tools"],
+                                         **extra)
+        text = tok.decode(ep.tokens[a:z])
+        assert text.startswith(before)
+        if s:
+            assert THINK.strip() not in before  # the earlier reasoning: gone from the prompt
+    assert tok.decode(ep.tokens[:bounds[1]]).count(THINK.strip()) == (2 if thinking else 0)

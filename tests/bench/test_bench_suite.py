@@ -42,6 +42,10 @@ FIGURES = {
     "dpo": [run("dpo", "2026-11-29", [rec("hone", "dpo", 3.0)])],
     "grpo": [run("grpo", "2026-11-30", [
         rec("hone", "grpo", 6.0), rec("hone-beta0", "grpo", 5.0), rec("tunix", "grpo", 6.6)])],
+    "rollouts": [run("rollouts", "2026-12-06", [  # hone's row is the paged engine's
+        rec("hone", "long-tail", 100.0, tokens_per_s=600.0),
+        rec("hone", "long-tail-static", 300.0, tokens_per_s=200.0),
+        rec("tunix", "long-tail", 400.0, tokens_per_s=150.0)], rounds=1, repeats=1)],
 }
 
 
@@ -52,7 +56,7 @@ def by_row():
 def test_speedups_and_goal_wording():
     rows = by_row()
     assert list(rows) == ["sft", "lora", "sft 1 x 2048", "dpo", "decode batch 8", "decode batch 32", "grpo",
-                          "sft, hone bf16", "lora, hone bf16", "dpo, hone bf16",
+                          "rollout long-tail", "rollout uniform", "sft, hone bf16", "lora, hone bf16", "dpo, hone bf16",
                           "decode batch 8, hone bf16",
                           "decode batch 32, hone bf16"]
     assert rows["sft"]["speedup"] == {"tunix": 2.5, "torch": 2.0}
@@ -70,12 +74,15 @@ def test_speedups_and_goal_wording():
     assert rows["grpo"]["missing"] == {"torch": "PyTorch has no GRPO driver"}
     assert rows["sft, hone bf16"]["speedup"] == {"tunix": 5.0, "torch": 4.0}
     assert rows["lora, hone bf16"]["speedup"] == {"tunix": None, "torch": None}
+    assert rows["rollout long-tail"]["speedup"] == {"tunix": 4.0, "torch": None}
+    assert rows["rollout long-tail"]["missing"] == {"torch": "PyTorch has no rollout driver"}
+    assert rows["rollout uniform"]["speedup"] == {"tunix": None, "torch": None}
 
 
 def test_table_and_section():
     rows = suite.collect(FIGURES)
     lines = suite.table(rows).splitlines()
-    assert len(lines) == 2 + 12  # sft 1 x 2048 (not run here) is row 3
+    assert len(lines) == 2 + 14  # sft 1 x 2048 (not run here) is row 3
     assert lines[2] == ("| sft | 2026-11-30 | step s | 1.000 | 2.500 | 2.000 | "
                         "10.0 / 10.0 / 10.0 | 1000 / 1000 / 1000 | 2.50x | 2.00x | "
                         "2x Tunix: met; 2.5x PyTorch: NOT met |")
@@ -91,9 +98,11 @@ def test_table_and_section():
     assert ("`benchmarks/decode.py --rounds 2 --repeats 3` (2026-12-01); "
             "`benchmarks/train.py --rounds 2 --repeats 3` (2026-11-30)") in text
     assert "(results.png)" in text
-    # met: sft vs Tunix, decode 8 vs both, sft bf16 vs both; not: sft vs PyTorch, lora,
-    # decode 32, grpo (1.1x)
-    assert "5 of 9 measured comparisons met" in text
+    assert lines[9].startswith("| rollout long-tail | 2026-12-06 | tok/s | 600.0 | 150.0 | "
+                               "not run |")
+    # met: sft vs Tunix, decode 8 vs both, sft bf16 vs both, rollout long-tail vs Tunix; not:
+    # sft vs PyTorch, lora, decode 32, grpo (1.1x)
+    assert "6 of 10 measured comparisons met" in text
 
 
 def test_rows_keep_their_own_dates_newest_wins_and_missing_says_why():
@@ -224,7 +233,7 @@ def test_main_runs_every_driver_in_order_and_writes_the_summary(tmp_path, monkey
     flags = ["--rounds", "1", "--repeats", "1"]
     assert ran == [("decode", flags, None), ("train", flags, None),
                    ("train", flags, ["--rows", "sft", "--batch", "1", "--seq-len", "2048"]),
-                   ("dpo", flags, None), ("grpo", flags, None)]
+                   ("dpo", flags, None), ("grpo", flags, None), ("rollouts", flags, None)]
     text = results.read_text()
     assert text.index("## Summary") < text.index("## Decode")
     assert "`benchmarks/suite.py --rounds 1 --repeats 1`" in text

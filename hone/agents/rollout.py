@@ -90,7 +90,7 @@ def rollout(model, tokenizer, factory: Callable, examples: Sequence[dict], *, ma
             env_timeout_s: float | None = 60.0,
             max_after_opening: int | None = None, max_seqs: int | None = None,
             page_size: int = 64, policy_version: int = 0,
-            switch: Switch | None = None) -> list[Episode]:
+            switch: Switch | None = None, template_args: dict | None = None) -> list[Episode]:
     """Play `group_size` episodes of each example (example-major: episode i·G + j is copy j of
     example i) with `model`'s current weights; see the module docstring.
 
@@ -106,7 +106,8 @@ def rollout(model, tokenizer, factory: Callable, examples: Sequence[dict], *, ma
     room within max_episode_tokens that the row does not have). max_seqs: episodes running at
     once on the engine (default all, at most 64); page_size: its KV pages' slots.
     policy_version: the version `model` is recorded as (Episode.versions); switch: new weights
-    from a turn on (see `Switch`)."""
+    from a turn on (see `Switch`). template_args: keyword arguments of the chat template for
+    every rendering (e.g. {"enable_thinking": False} for Qwen3)."""
     cfg = model.config
     max_env_tokens = max_env_tokens or -(-(max_tool_tokens + 64) // 16) * 16
     _check(max_turns, max_new_tokens, max_episode_tokens, max_tool_tokens, max_env_tokens,
@@ -124,7 +125,7 @@ def rollout(model, tokenizer, factory: Callable, examples: Sequence[dict], *, ma
         for j in range(g):
             live, ids = start_episode(factory, dict(example), episode_seed(seed, i, j), tokenizer,
                                native, max_opening_tokens or max_episode_tokens - max_new_tokens,
-                               env_timeout_s)
+                               env_timeout_s, template_args)
             lives.append(live)
             openings.append(ids)
     if top_k is not None:

@@ -69,8 +69,9 @@ def step_messages(step) -> list[dict]:
 
 
 def start_episode(factory, example: dict, seed: int, tokenizer, native: bool, room: int,
-                  timeout: float | None):
-    """(live episode, opening token ids or None when it could not start)."""
+                  timeout: float | None, template_args: dict | None = None):
+    """(live episode, opening token ids or None when it could not start). template_args: the
+    chat template's keyword arguments, for every rendering of the episode."""
     live = Live(None, example)
     try:
         with deadline(timeout):
@@ -80,6 +81,7 @@ def start_episode(factory, example: dict, seed: int, tokenizer, native: bool, ro
                 env.seed(seed)
             opening = list(env.reset(example))
         messages, extra = with_tools(opening, getattr(env, "tools", None), native)
+        extra = {**(template_args or {}), **extra}
         messages = in_roles(tokenizer, messages, extra)
         ids = encode_prompt(tokenizer, opening_text(tokenizer, messages, extra))
     except EnvTimeout:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import yaml
+
 from hone.config.schema import DataSection, TrainConfig
 from hone.errors import InputError
 
@@ -115,6 +117,9 @@ class AgentSection:
     # the training row's length. grpo/ppo.max_new_tokens bounds one model turn and
     # max_prompt_tokens the opening.
     max_episode_tokens: int = field(default=1024, metadata={"min": 2})
+    # Keyword arguments of the chat template, "name=value" (the value read as YAML: true,
+    # 3, text), given to every rendering of an episode, e.g. enable_thinking=false for Qwen3.
+    template_args: tuple[str, ...] = ()
     # Tokens of one tool result at most: a longer one is cut and marked.
     max_tool_tokens: int = field(default=256, metadata={"min": 1})
     # Tokens one environment turn may add (template tokens included); None = max_tool_tokens
@@ -150,6 +155,17 @@ class AgentSection:
     @property
     def enabled(self) -> bool:
         return self.environment is not None or bool(self.tools) or self.endpoint is not None
+
+    def template_kwargs(self) -> dict:
+        """template_args as keyword arguments; a malformed one is an InputError naming it."""
+        out = {}
+        for k, item in enumerate(self.template_args):
+            name, eq, value = str(item).partition("=")
+            if not eq or not name.strip().isidentifier():
+                raise InputError(f"expected name=value (a chat template's keyword), got "
+                                 f"{item!r}", key=f"agent.template_args[{k}]")
+            out[name.strip()] = yaml.safe_load(value) if value.strip() else ""
+        return out
 
 
 @dataclass(frozen=True)
@@ -297,6 +313,7 @@ class RLConfig(TrainConfig):
                              f"the weights never change during a rollout) and a turn below "
                              f"agent.max_turns ({a.max_turns}), got {a.switch_turn}",
                              key="agent.switch_turn")
+        a.template_kwargs()  # each name=value well formed
         if a.endpoint is not None and (a.environment is not None or a.tools):
             raise InputError("an endpoint process is the environment: give no agent.environment "
                              "or agent.tools beside it", key="agent.endpoint")

@@ -100,7 +100,8 @@ class EndpointRollouts(AgentRollouts):
         sessions = Sessions(self.tokenizer, seed=seed, settings=settings,
                             max_new_tokens=s.max_new_tokens, max_episode_tokens=a.max_episode_tokens,
                             max_opening_tokens=s.max_prompt_tokens,
-                            numbers={e: k for k, e in enumerate(ids)})
+                            numbers={e: k for k, e in enumerate(ids)},
+                            template_args=a.template_kwargs())
         tasks = "".join(json.dumps({"episode": ids[i * g + j], "example": r,
                                     "seed": episode_seed(seed, i, j)}) + "\n"
                         for i, r in enumerate(records) for j in range(g))

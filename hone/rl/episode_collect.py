@@ -73,7 +73,8 @@ class AgentRollouts(PolicyView):
                        max_opening_tokens=s.max_prompt_tokens, env_timeout_s=a.env_timeout_s,
                        cache_dtype=None if s.cache_dtype == "auto" else s.cache_dtype,
                        max_after_opening=a.max_episode_tokens - s.max_prompt_tokens,
-                       max_seqs=s.max_seqs, policy_version=version, switch=switch)
+                       max_seqs=s.max_seqs, policy_version=version, switch=switch,
+                       template_args=a.template_kwargs())
 
     def collect(self, state, prompt_batch, step: int, later=None):
         """(rows [B, L], total reward [B], episodes, host metrics) of this step's episodes.

@@ -77,12 +77,14 @@ class Sessions:
 
     def __init__(self, tokenizer, *, seed: int, settings: Settings, max_new_tokens: int,
                  max_episode_tokens: int, max_opening_tokens: int | None = None,
-                 numbers: dict[str, int] | None = None):
+                 numbers: dict[str, int] | None = None, template_args: dict | None = None):
         """max_opening_tokens: a longer opening is not sampled after (the episode stays
         empty, `limit = "openings_too_long"`), and the rest of an episode gets at most
         max_episode_tokens - max_opening_tokens (a trainer's row: opening slots, then the
-        rest)."""
+        rest). template_args: the chat template's keyword arguments (agent.template_args), for
+        every rendering of every episode."""
         self.tokenizer, self.settings = tokenizer, settings
+        self.template_args = dict(template_args or {})
         self.max_new_tokens, self.max_episode_tokens = max_new_tokens, max_episode_tokens
         self.max_opening_tokens = max_opening_tokens
         self.key = jax.random.key(seed)
@@ -124,6 +126,7 @@ class Sessions:
             if session.calls:
                 session.restarts += 1
             msgs, extra = for_template(messages, tools or None, tok.chat_template)
+            extra = {**self.template_args, **extra}
             msgs = in_roles(tok, msgs, extra)
             ids = encode_prompt(tok, tok.apply_chat_template(msgs, add_generation_prompt=True,
                                                              **extra))

@@ -80,6 +80,8 @@ def test_agentic_ppo_trains_on_episodes_with_per_turn_rewards(tmp_path):
       "agent.parser=nope"], "agent.parser"),
     (["agent.environment=hone.agents.tasks:GuessNumber", "agent.max_episode_tokens=200"],
      "agent.max_episode_tokens"),
+    (["agent.environment=hone.agents.tasks:GuessNumber",
+      "agent.template_args=[enable_thinking=false,oops]"], "agent.template_args[1]"),
 ])
 def test_config_mistakes_name_the_key_before_anything_is_written(tmp_path, overrides, key):
     from hone.agents.factory import environment_factory
@@ -90,6 +92,12 @@ def test_config_mistakes_name_the_key_before_anything_is_written(tmp_path, overr
         environment_factory(cfg, log=lambda s: None)
     assert err.value.key == key
     assert not run_dir.exists()
+
+
+def test_template_args_are_the_chat_templates_keywords():
+    cfg = load_config(GRPOConfig, str(ROOT / "configs/tiny/agent_grpo.yaml"), [
+        "agent.template_args=[enable_thinking=false,depth=3,name=x y]"])
+    assert cfg.agent.template_kwargs() == {"enable_thinking": False, "depth": 3, "name": "x y"}
 
 
 def test_the_cli_exits_with_code_2_on_an_environment_that_is_not_one(tmp_path):

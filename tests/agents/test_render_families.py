@@ -274,13 +274,12 @@ def test_qwen3_reasoning_dropped_from_earlier_turns_starts_segments(thinking):
     think = THINK if thinking else ""
     replies = [think + '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>',
                think + "It is 5.", think + "Then 6."]
-    live, ids = start_episode(FollowUp, {"prompt": "Add 2 and 3."}, 0, tok, True, 4096, None)
+    extra = {} if thinking else {"enable_thinking": False}  # agent.template_args
+    live, ids = start_episode(FollowUp, {"prompt": "Add 2 and 3."}, 0, tok, True, 4096, None,
+                              template_args=extra)
     live.key = jax.random.key(0)  # the rollout's request key: segments fold theirs from it
-    extra = {} if thinking else {"enable_thinking": False}
-    live.extra.update(extra)
-    if not thinking:  # the opening as such a run renders it: an empty think block to answer in
-        ids = encode_prompt(tok, opening_text(tok, live.history, live.extra))
-        live.ep.tokens = list(ids)
+    # without thinking, the opening ends in the empty think block the model answers after
+    assert tok.decode(ids).endswith("<think>\n\n</think>\n\n") != thinking
     restarts = []
     for turn, reply in enumerate(replies):
         sampled = tok.encode(reply, add_special_tokens=False) + [end]

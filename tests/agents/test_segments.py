@@ -38,6 +38,12 @@ def qwen3_tiny(tiny):
                                 "<|im_end|>")], source="tiny+qwen3")
 
 
+@pytest.fixture(scope="module")
+def played(qwen3_tiny):
+    """The episodes every test here reads (played once: policy version 3)."""
+    return _play(*qwen3_tiny, policy_version=3)
+
+
 def _segments(ep):
     """(start, end) of each segment in ep.tokens."""
     bounds = [0] + ep.segments + [len(ep.tokens)]
@@ -51,9 +57,9 @@ def _play(model, tok, **kw):
                                                          **kw))
 
 
-def test_each_segment_is_the_templates_rendering_and_scores_alone(qwen3_tiny):
+def test_each_segment_is_the_templates_rendering_and_scores_alone(qwen3_tiny, played):
     model, tok = qwen3_tiny
-    eps = _play(model, tok)
+    eps = played
     for ep, ex in zip(eps, [e for e in EXAMPLES for _ in range(2)]):
         assert ep.done and ep.turns == ex["turns"] and ep.limit is None
         assert len(ep.segments) == ep.turns - 1 == ep.events.get("template_rewrites", 0)
@@ -73,18 +79,18 @@ def test_each_segment_is_the_templates_rendering_and_scores_alone(qwen3_tiny):
     assert m["agent/segments_mean"] == sum(e["turns"] for e in EXAMPLES) / len(EXAMPLES)
 
 
-def test_segments_do_not_depend_on_how_many_run_at_once(qwen3_tiny):
+def test_segments_do_not_depend_on_how_many_run_at_once(qwen3_tiny, played):
     model, tok = qwen3_tiny
-    runs = [_play(model, tok, max_seqs=n) for n in (1, 3, 8)]
-    for other in runs[1:]:
-        for a, b in zip(runs[0], other):
+    for n in (1, 3):  # against all eight episodes at once
+        for a, b in zip(played, _play(model, tok, max_seqs=n, policy_version=3)):
             assert a.tokens == b.tokens and a.segments == b.segments
             np.testing.assert_allclose(a.logprobs, b.logprobs, atol=TOL)
 
 
-def test_rows_keep_segments_apart_so_the_loss_forward_gives_the_sampler_logprobs(qwen3_tiny):
+def test_rows_keep_segments_apart_so_the_loss_forward_gives_the_sampler_logprobs(qwen3_tiny,
+                                                                                 played):
     model, tok = qwen3_tiny
-    eps = _play(model, tok)
+    eps = played
     rows = episode_rows(eps, 64, 512, tok.pad_id)
     for r, ep in enumerate(eps):
         start = 64 - ep.prompt_len
@@ -102,9 +108,9 @@ def test_rows_keep_segments_apart_so_the_loss_forward_gives_the_sampler_logprobs
                   - rows["sampler_logp"][mask]).max() > 0.01
 
 
-def test_a_switch_within_segments_gives_the_episodes_of_no_switch(qwen3_tiny):
+def test_a_switch_within_segments_gives_the_episodes_of_no_switch(qwen3_tiny, played):
     model, tok = qwen3_tiny
-    plain = _play(model, tok, policy_version=3)
+    plain = played
     split = _play(model, tok, policy_version=3, switch=Switch(turn=2, model=lambda: model,
                                                               version=4))
     for a, b in zip(plain, split):

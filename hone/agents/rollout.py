@@ -123,9 +123,10 @@ def rollout(model, tokenizer, factory: Callable, examples: Sequence[dict], *, ma
     openings: list[list[int] | None] = []
     for i, example in enumerate(examples):
         for j in range(g):
-            live, ids = start_episode(factory, dict(example), episode_seed(seed, i, j), tokenizer,
-                               native, max_opening_tokens or max_episode_tokens - max_new_tokens,
-                               env_timeout_s, template_args)
+            live, ids = start_episode(
+                factory, dict(example), episode_seed(seed, i, j), tokenizer, native,
+                max_opening_tokens or max_episode_tokens - max_new_tokens, env_timeout_s,
+                template_args)
             lives.append(live)
             openings.append(ids)
     if top_k is not None:
@@ -168,8 +169,8 @@ def rollout(model, tokenizer, factory: Callable, examples: Sequence[dict], *, ma
             live = lives[e]
             cut = turn.room == 0 and turn.reason == "length" and len(turn.tokens) < max_new_tokens
             more = after_model_turn(live, turn.tokens, turn.logprobs, eos_set, tokenizer,
-                                     live.ep.turns, max_turns, live.cap, max_tool_tokens,
-                                     max_env_tokens, env_timeout_s, cut=cut)
+                                    live.ep.turns, max_turns, live.cap, max_tool_tokens,
+                                    max_env_tokens, env_timeout_s, cut=cut)
             if more is not None and switch is not None and live.version != switch.version \
                     and live.ep.turns >= switch.turn:
                 live.paused = True  # its next turn waits for the new weights

@@ -57,8 +57,9 @@ from typing import Any
 
 import numpy as np
 
-from hone.agents.tool_messages import (check_tool_calls, check_tools, fit_roles, for_template,
-                                       refused_roles, refused_tool_message)
+from hone.agents.render import in_roles
+from hone.agents.tool_messages import (check_tool_calls, check_tools, for_template,
+                                       refused_tool_message)
 from hone.chat_template import ChatTemplateError
 from hone.errors import InputError
 from hone.sampling.generate import encode_prompt
@@ -188,12 +189,10 @@ def _tool_chat_tokens(messages: list[dict], keys: list[str], record: dict, token
     turns); a template that still refuses the `tool` role is named at that message's role
     (`keys[j]` names message j in the record)."""
     tools = check_tools(record.get("tools"), where)
-    template = getattr(tokenizer, "chat_template", None)
-    ready, extra = for_template(messages, tools, template)
-    refused = refused_roles(template, lambda m: tokenizer.apply_chat_template(
-        m, add_generation_prompt=False, **extra))
+    ready, extra = for_template(messages, tools, getattr(tokenizer, "chat_template", None))
     try:
-        return chat_tokens(fit_roles(ready, refused), tokenizer, loss_on, where, extra=extra)
+        return chat_tokens(in_roles(tokenizer, ready, extra), tokenizer, loss_on, where,
+                           extra=extra)
     except InputError as err:
         if not isinstance(err.__cause__, ChatTemplateError):
             raise

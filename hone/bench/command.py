@@ -66,7 +66,8 @@ examples:
   hone bench sft --seq 2048 --batch 1 --remat full
   hone bench grpo --model tiny --steps 2 --beta 0
   hone bench rollout --workload long-tail --engine paged --steps 0   (one rollout, compile
-                                                                       included)"""
+                                                                       included)
+  hone bench rollout --workload uniform --tunix   (Tunix's vanilla sampler; source checkout)"""
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -86,6 +87,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="rollout: the samples' lengths (hone/bench/rollout.py)")
     p.add_argument("--engine", default="paged", choices=("static", "paged"),
                    help="rollout: the lockstep sampler or the paged rollout engine")
+    p.add_argument("--tunix", action="store_true",
+                   help="rollout: Tunix's vanilla sampler on the same workload instead of "
+                   "--engine (benchmarks/rollout_tunix.py in the Tunix venv; source checkout)")
     p.add_argument("--max-seqs", type=int, default=64,
                    help="rollout, paged engine: sequences decoded at once")
     p.add_argument("--num-pages", type=int, default=None,
@@ -153,6 +157,10 @@ def _shape(args) -> tuple[int, int, int]:
                          f"{args.row}, got {prompt}")
     if args.row in ("decode", "rollout") and prompt < 1:
         raise InputError(f"--prompt-len must be at least 1, got {prompt}")
+    if args.tunix and (args.row != "rollout" or args.model != "smollm2-135m"
+                       or args.precision != "fp32"):
+        raise InputError("--tunix times the rollout row of smollm2-135m's shape in fp32 "
+                         "(benchmarks/rollout_tunix.py builds that model)")
     if args.row not in TRAINING_ROWS and args.remat is not None:
         raise InputError(f"--remat applies to {', '.join(TRAINING_ROWS)} (a backward pass); "
                          f"{args.row} has none")
@@ -162,7 +170,7 @@ def _shape(args) -> tuple[int, int, int]:
 def measure(args, log: Callable = print):
     """Run the row the options name; returns (Measured, batch, seq, prompt_len)."""
     from hone.bench.grpo import grpo_row
-    from hone.bench.rollout import rollout_row
+    from hone.bench.rollout import rollout_row, tunix_row
     from hone.bench.rows import decode_row, dpo_row, train_row
     batch, seq, prompt = _shape(args)
     common = dict(model=args.model, repeats=args.steps, precision=args.precision,
@@ -176,6 +184,10 @@ def measure(args, log: Callable = print):
                       shared_prompt=not args.two_rows, **common)
     elif args.row == "decode":
         got = decode_row(batch=batch, prompt_len=prompt, new_tokens=seq, **common)
+    elif args.row == "rollout" and args.tunix:
+        got = tunix_row(args.workload, prompts=batch, generations=args.generations,
+                        prompt_len=prompt, limit=seq, repeats=args.steps, seed=args.seed,
+                        log=log)
     elif args.row == "rollout":
         got = rollout_row(args.model, args.workload, args.engine, prompts=batch,
                           generations=args.generations, prompt_len=prompt, limit=seq,

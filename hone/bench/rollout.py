@@ -17,11 +17,20 @@ Engines (--engine):
 tokens_per_s counts the samples' tokens (the sum of the drawn lengths, the same for both
 engines) over the wall time of the whole rollout, prefill included; kv_bytes is the KV cache the
 engine allocated (static: its cache; paged: its page pool); peak_rss_mb the process's peak.
+
+With --tunix (`tunix_row`), the same workload on Tunix's vanilla sampler instead:
+benchmarks/rollout_tunix.py run by the Tunix venv's python (benchmarks/_venvs.py makes it on
+first use), so only from a source checkout; like the static sampler it decodes every row to the
+limit, and its tokens_per_s counts the same drawn lengths.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -117,3 +126,40 @@ def rollout_row(model: str, workload: str, engine: str, *, prompts: int = 32,
     # row decodes past its length is not counted).
     work = sum(flops.decode_flops(cfg, 1, prompt_len, n) for n in lengths)
     return Measured(first_s=times[0], median_s=median, tokens=tokens, flops=work, extra=extra)
+
+
+def tunix_row(workload: str, *, prompts: int = 32, generations: int = 8, prompt_len: int = 64,
+              limit: int = 512, repeats: int = 1, seed: int = 0,
+              log: Callable = quiet) -> Measured:
+    """The workload on Tunix's vanilla sampler (module docstring): SmolLM2-135M's shape, random
+    init, fp32, in a process of the Tunix venv. An InputError outside a source checkout."""
+    from hone.errors import InputError
+    root = Path(__file__).resolve().parents[2] / "benchmarks"
+    script = root / "rollout_tunix.py"
+    if not script.exists():
+        raise InputError("--tunix runs benchmarks/rollout_tunix.py in the Tunix venv: it needs "
+                         "hone's source checkout, not an installed package")
+    log("rollout: the Tunix venv (benchmarks/_venvs.py; made on first use, minutes)")
+    made = subprocess.run([sys.executable, str(root / "_venvs.py")], capture_output=True,
+                          text=True)
+    if made.returncode != 0:
+        raise RuntimeError(f"the Tunix venv could not be made:\n{made.stderr[-2000:]}")
+    python = made.stdout.strip().splitlines()[-1]
+    log(f"rollout: {workload} on Tunix's sampler, {prompts} prompts x {generations} of "
+        f"{limit} tokens")
+    done = subprocess.run([python, str(script), "--workload", workload, "--prompts", str(prompts),
+                           "--generations", str(generations), "--prompt-len", str(prompt_len),
+                           "--limit", str(limit), "--repeats", str(repeats), "--seed", str(seed)],
+                          capture_output=True, text=True, cwd=root)
+    if done.returncode != 0:
+        raise RuntimeError(f"rollout_tunix.py failed:\n{done.stderr[-2000:]}")
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    from hone.models.config import preset
+    lengths = sample_lengths(workload, prompts * generations, limit, seed)
+    cfg = preset("smollm2-135m")  # the shape rollout_tunix.py builds
+    work = sum(flops.decode_flops(cfg, 1, prompt_len, n) for n in lengths)
+    median = got["median_s"] if repeats else got["first_s"]
+    return Measured(first_s=got["first_s"], median_s=median, tokens=sum(lengths), flops=work,
+                    peak_mb=got["peak_rss_mb"],
+                    extra={"workload": workload, "engine": "tunix", "kv_bytes": got["kv_bytes"],
+                           "generations": generations, "limit": limit, "prompt_len": prompt_len})

@@ -79,6 +79,11 @@ def test_bad_shape_is_an_input_error(capsys):
     assert main(["bench", "sft", "--model", "tiny", "--batch", "0"]) == 2
     assert main(["bench", "decode", "--model", "tiny", "--remat", "full"]) == 2
     assert "--remat applies to sft, lora, dpo, grpo" in capsys.readouterr().err
+    # Tunix's sampler runs the rollout row of SmolLM2's shape in fp32 only
+    assert main(["bench", "grpo", "--tunix"]) == 2
+    assert main(["bench", "rollout", "--tunix", "--model", "tiny"]) == 2
+    assert main(["bench", "rollout", "--tunix", "--precision", "bf16"]) == 2
+    assert "--tunix times the rollout row" in capsys.readouterr().err
 
 
 def test_help_has_examples(capsys):

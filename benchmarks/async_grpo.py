@@ -24,13 +24,21 @@ update on one core and R2, U2 on two (the synchronous run):
 
 each ratio being that step over R2 + U2.
 
+With --host-devices N the runs see N CPU devices (XLA's --xla_force_host_platform_device_count)
+and give the rollout the last one (grpo.rollout_devices=1), so the two phases share no device:
+the layout of a machine with separate accelerators, here on one host's cores (run it on a host
+with more than two). --timeline prints each step's phases from metrics.jsonl: the rollout the
+step consumed (its wall time and how long the step waited for it) and the update.
+
     .venv/bin/python benchmarks/async_grpo.py [--steps 8] [--new-tokens 256] [--one-core]
+        [--host-devices N] [--timeline]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -42,25 +50,36 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(staleness: int, steps: int, new_tokens: int, run_dir: Path, first: int,
-        pin: bool = False) -> dict:
+        pin: bool = False, host_devices: int = 0) -> dict:
     cmd = [sys.executable, "-m", "hone.cli", "grpo", "--config",
            str(ROOT / "configs/smollm2/grpo_lora.yaml"), f"run_dir={run_dir}",
            f"grpo.max_new_tokens={new_tokens}", f"train.max_steps={steps}",
            "train.eval_every=1000", "grpo.eval_prompts=1", "checkpoint.every_steps=1000",
            "train.grad_accum=2", "log.sinks=[jsonl]", f"grpo.max_staleness={staleness}"]
+    env = dict(os.environ)
+    if host_devices:
+        cmd.append("grpo.rollout_devices=1")
+        env["JAX_PLATFORMS"] = "cpu"
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                            f" --xla_force_host_platform_device_count={host_devices}").strip()
     if pin:
         cmd = ["taskset", "-c", "0", *cmd]
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     timed = [r for r in rows if r.get("step", 0) >= first and "step_s" in r]
     med = lambda key: statistics.median(r.get(key, 0.0) for r in timed)  # noqa: E731
-    return {"staleness": staleness, "one_core": pin, "step_s": med("step_s"),
+    return {"staleness": staleness, "one_core": pin, "cores": 1 if pin else os.cpu_count(),
+            "devices": host_devices or 1, "step_s": med("step_s"),
             "rollout_s": med("rollout_s"), "update_s": med("update_s"),
             "overlap_s": med("overlap_s"), "steps": [r["step"] for r in timed],
             "step_s_each": [round(r["step_s"], 2) for r in timed],
             "reward_mean": statistics.mean(r["reward_mean"] for r in timed),
+            # A synchronous step waits for its whole rollout.
+            "timeline": [{k: round(r.get(k, r.get("rollout_s", 0.0)), 2) for k in
+                          ("step", "step_s", "rollout_s", "rollout_wait_s", "update_s")}
+                         for r in rows if "step_s" in r],
             "peak_rss_mb": max(before, peak) / 1024}
 
 
@@ -70,18 +89,36 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--one-core", action="store_true",
                     help="also time both phases on one core (a third run, 4 steps)")
+    ap.add_argument("--host-devices", type=int, default=0,
+                    help="N CPU devices, the rollout on the last (grpo.rollout_devices=1)")
+    ap.add_argument("--timeline", action="store_true", help="each step's phases")
+    ap.add_argument("--staleness", default="0,1",
+                    help="the runs, by max_staleness (one alone, for a machine whose calls "
+                         "are short; the ratio is then taken by hand)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [run(s, args.steps, args.new_tokens, Path(tmp) / f"s{s}", first=3)
-                for s in (0, 1)]
+        rows = [run(s, args.steps, args.new_tokens, Path(tmp) / f"s{s}", first=3,
+                    host_devices=args.host_devices)
+                for s in map(int, args.staleness.split(","))]
         if args.one_core:
             rows.append(run(0, 4, args.new_tokens, Path(tmp) / "one", first=2, pin=True))
-    print("| max_staleness | cores | step s | rollout s | update s | overlap s | peak RSS MB |")
-    print("|---|---|---|---|---|---|---|")
+    print("| max_staleness | cores | devices | step s | rollout s | update s | overlap s | "
+          "peak RSS MB |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['staleness']} | {1 if r['one_core'] else 2} | {r['step_s']:.1f} | "
+        print(f"| {r['staleness']} | {r['cores']} | {r['devices']} | {r['step_s']:.1f} | "
               f"{r['rollout_s']:.1f} | {r['update_s']:.1f} | {r['overlap_s']:.1f} | "
               f"{r['peak_rss_mb']:,.0f} |")
+    if args.timeline:
+        for r in rows:
+            print(f"\nmax_staleness {r['staleness']}: step | step s | rollout s (its own) | "
+                  f"waited for it s | update s")
+            for t in r["timeline"]:
+                print(f"  {t['step']} | {t['step_s']:.1f} | {t['rollout_s']:.1f} | "
+                      f"{t['rollout_wait_s']:.1f} | {t['update_s']:.1f}")
+    if len(rows) < 2 or [r["staleness"] for r in rows[:2]] != [0, 1]:
+        print(json.dumps(rows))
+        return
     sync, lag = rows[0], rows[1]
     print(f"step_s, staleness 1 / 0: {lag['step_s'] / sync['step_s']:.3f} (goal <= 0.85)")
     if args.one_core:

@@ -52,6 +52,9 @@ demo: $(DEMO_STAMP)
 # SFT step 1.22 -> 0.43 s, the suite 1265 s -> 1028 s, the mesh-parity losses bit-identical.
 # Every parity holds with these; the one test that claims bits of the program users run (the
 # guard's scale of one, tests/train/test_optimizer.py) compiles its step with XLA's defaults.
+# A worker keeps every program it compiled while a jitted function holds it, three memory maps
+# each; tests/conftest.py frees them after a test file once they pass a third of the kernel's
+# vm.max_map_count (a worker that reached the limit crashed inside XLA's compiler).
 # The 30 slowest tests are listed at the end of every run, so the 15-minute budget stays in view,
 # and the first line names the machine (CPU, vector extensions, the fp32 matmul rate measured
 # then, with XLA's default flags). Machines with the same name and flags differ: on 2026-12-04

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -73,19 +74,18 @@ def main():
         print(f"| {r['staleness']} | {r['seed']} | {r['before']:.1%} | {r['after']:.1%} | "
               f"{r['reward_mean']:.3f} | {r['offpolicy_k3']:.2e} | {r['wall_s']:.0f} |")
     after = {s: [r["after"] for r in rows if r["staleness"] == s] for s in args.staleness}
+    after = {s: values for s, values in after.items() if values}
     for s, values in after.items():
-        if values:
-            print(f"staleness {s}: mean {sum(values) / len(values):.1%} over {len(values)} "
-                  f"seeds, {min(values):.1%} to {max(values):.1%}")
+        print(f"staleness {s}: mean {statistics.mean(values):.1%} over {len(values)} seeds, "
+              f"{min(values):.1%} to {max(values):.1%}")
     sync = after.get(0, [])
     if len(sync) > 1:
         print(f"noise band (synchronous seeds): {(max(sync) - min(sync)) * 100:.1f} points")
-    if sync:
-        base = sum(sync) / len(sync)
-        for s, values in after.items():
-            if s and values:
-                print(f"staleness {s} - staleness 0, means: "
-                      f"{(sum(values) / len(values) - base) * 100:+.1f} points (goal within 3)")
+    for s, values in after.items():
+        if s and sync:
+            print(f"staleness {s} - staleness 0, means: "
+                  f"{(statistics.mean(values) - statistics.mean(sync)) * 100:+.1f} points "
+                  f"(goal within 3)")
 
 
 if __name__ == "__main__":

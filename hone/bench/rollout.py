@@ -122,10 +122,14 @@ def rollout_row(model: str, workload: str, engine: str, *, prompts: int = 32,
         extra.update(max_seqs=max_seqs, num_pages=paged.num_pages,
                      preempted=paged.stats["preempted"],
                      peak_pages=paged.stats["peak_pages"], page_size=paged.page_size)
-    # The FLOPs of the work asked for: each sample's prompt and its own length (what a static
-    # row decodes past its length is not counted).
-    work = sum(flops.decode_flops(cfg, 1, prompt_len, n) for n in lengths)
-    return Measured(first_s=times[0], median_s=median, tokens=tokens, flops=work, extra=extra)
+    return Measured(first_s=times[0], median_s=median, tokens=tokens,
+                    flops=asked_flops(cfg, prompt_len, lengths), extra=extra)
+
+
+def asked_flops(cfg, prompt_len: int, lengths) -> float:
+    """The FLOPs of the work asked for: each sample's prompt and its own length (what a static
+    row or Tunix's sampler decodes past its length is not counted)."""
+    return sum(flops.decode_flops(cfg, 1, prompt_len, n) for n in lengths)
 
 
 def tunix_row(workload: str, *, prompts: int = 32, generations: int = 8, prompt_len: int = 64,
@@ -134,6 +138,7 @@ def tunix_row(workload: str, *, prompts: int = 32, generations: int = 8, prompt_
     """The workload on Tunix's vanilla sampler (module docstring): SmolLM2-135M's shape, random
     init, fp32, in a process of the Tunix venv. An InputError outside a source checkout."""
     from hone.errors import InputError
+    from hone.models.config import preset
     root = Path(__file__).resolve().parents[2] / "benchmarks"
     script = root / "rollout_tunix.py"
     if not script.exists():
@@ -154,10 +159,8 @@ def tunix_row(workload: str, *, prompts: int = 32, generations: int = 8, prompt_
     if done.returncode != 0:
         raise RuntimeError(f"rollout_tunix.py failed:\n{done.stderr[-2000:]}")
     got = json.loads(done.stdout.strip().splitlines()[-1])
-    from hone.models.config import preset
     lengths = sample_lengths(workload, prompts * generations, limit, seed)
-    cfg = preset("smollm2-135m")  # the shape rollout_tunix.py builds
-    work = sum(flops.decode_flops(cfg, 1, prompt_len, n) for n in lengths)
+    work = asked_flops(preset("smollm2-135m"), prompt_len, lengths)  # rollout_tunix.py's shape
     median = got["median_s"] if repeats else got["first_s"]
     return Measured(first_s=got["first_s"], median_s=median, tokens=sum(lengths), flops=work,
                     peak_mb=got["peak_rss_mb"],

@@ -67,28 +67,44 @@ void Dot8(const float* q, const T* k, int64_t H, float* scores) {
   _mm256_storeu_ps(scores, Sums8(acc));
 }
 
-// out[0:NV*kLanes] = sum over s < U of p[s] * v[s, 0:NV*kLanes] (rows of v H apart). NV
-// accumulators: 8 keep both multiply-add units busy through the adds' latency.
+// Where a task's slots are: slot s's H values at seg[s / len] + (s % len) * H, for s < count.
+// A contiguous cache is one segment; a paged one has a segment per page.
+template <typename T>
+struct Slots {
+  const T* const* seg;
+  int64_t len, count;
+};
+
+// out[0:NV*kLanes] = sum over s < U of p[s] * v_s[0:NV*kLanes] (v_s: slot s of `v`, plus
+// `off`). NV accumulators: 8 keep both multiply-add units busy through the adds' latency.
 template <int NV, typename T>
-void WeightedVecs(const float* p, const T* v, int64_t U, int64_t H, float* out) {
+void WeightedVecs(const float* p, const Slots<T>& v, int64_t U, int64_t H, int64_t off,
+                  float* out) {
   Vec acc[NV];
   for (int c = 0; c < NV; ++c) acc[c] = Zero();
-  for (int64_t s = 0; s < U; ++s) {
-    Vec ps = Broadcast(p[s]);
-    for (int c = 0; c < NV; ++c) acc[c] = Fma(ps, Load(v + s * H + c * kLanes), acc[c]);
+  for (int64_t j = 0, start = 0; start < U; ++j, start += v.len) {
+    const T* base = v.seg[j] + off;
+    const int64_t n = std::min(v.len, U - start);
+    for (int64_t s = 0; s < n; ++s) {
+      Vec ps = Broadcast(p[start + s]);
+      for (int c = 0; c < NV; ++c) acc[c] = Fma(ps, Load(base + s * H + c * kLanes), acc[c]);
+    }
   }
   for (int c = 0; c < NV; ++c) Store(out + c * kLanes, acc[c]);
 }
 
 template <typename T>
-void Weighted(const float* p, const T* v, int64_t U, int64_t H, float* out) {
+void Weighted(const float* p, const Slots<T>& v, int64_t U, int64_t H, float* out) {
   int64_t h = 0;
-  for (; h + 8 * kLanes <= H; h += 8 * kLanes) WeightedVecs<8>(p, v + h, U, H, out + h);
-  for (; h + 4 * kLanes <= H; h += 4 * kLanes) WeightedVecs<4>(p, v + h, U, H, out + h);
-  for (; h + kLanes <= H; h += kLanes) WeightedVecs<1>(p, v + h, U, H, out + h);
+  for (; h + 8 * kLanes <= H; h += 8 * kLanes) WeightedVecs<8>(p, v, U, H, h, out + h);
+  for (; h + 4 * kLanes <= H; h += 4 * kLanes) WeightedVecs<4>(p, v, U, H, h, out + h);
+  for (; h + kLanes <= H; h += kLanes) WeightedVecs<1>(p, v, U, H, h, out + h);
   for (; h < H; ++h) {
     float a = 0.0f;
-    for (int64_t s = 0; s < U; ++s) a += p[s] * Widen(v[s * H + h]);
+    for (int64_t j = 0, start = 0; start < U; ++j, start += v.len) {
+      const int64_t n = std::min(v.len, U - start);
+      for (int64_t s = 0; s < n; ++s) a += p[start + s] * Widen(v.seg[j][s * H + h]);
+    }
     out[h] = a;
   }
 }
@@ -98,45 +114,77 @@ struct Shape {
   float scale, softcap;
 };
 
-// Issues prefetches (into L2) for lines [from, from + n) of the `lines` 64-byte lines at `base`
-// (the part of that range inside [0, lines)).
-inline void PrefetchLines(const char* base, int64_t lines, int64_t from, int64_t n) {
-  for (int64_t i = std::max<int64_t>(0, from); i < std::min(lines, from + n); ++i)
-    _mm_prefetch(base + i * 64, _MM_HINT_T1);
-}
-
-// The G = N / K query heads of kv head `kh` of row `b`. scratch: G x U rounded up to whole
-// vectors. next_keys / next_values: the next task's (prefetched while this one computes, so
-// the cache is read at the rate of many outstanding loads rather than one stream per core).
-// keys / values: the task's first U slots, H apart; keep: their mask; qh: the G heads' queries,
-// H apart; outs: the G heads' outputs, H apart.
+// Issues prefetches (into L2) for a task's keys, then its values, a few 64-byte lines a call,
+// in order, segment by segment (so the cache is read at the rate of many outstanding loads
+// rather than one stream per core).
 template <typename T>
-void Heads(const Shape& d, const float* qh, const T* keys, const T* values, const bool* keep,
-           float* outs, float* scratch, const T* next_keys, const T* next_values) {
-  const int64_t G = d.N / d.K, U = d.U;
-  const int64_t padded = (U + kLanes - 1) / kLanes * kLanes;
-  // Scores of every head, blocks of 8 keys outermost: each key is read from memory once.
-  const int64_t lines = (U * d.H * static_cast<int64_t>(sizeof(T)) + 63) / 64;
-  const int64_t blocks = U / 8, per_block = blocks ? (2 * lines + blocks - 1) / blocks : 0;
-  int64_t s = 0;
-  if (d.H % kLanes == 0) {  // eight keys at a time, no horizontal sum per key
-    for (int64_t i = 0; s + 8 <= U; s += 8, ++i) {
-      for (int64_t g = 0; g < G; ++g)
-        Dot8(qh + g * d.H, keys + s * d.H, d.H, scratch + g * padded + s);
-      if (next_keys != nullptr) {  // share the next task's lines out over the blocks
-        PrefetchLines(reinterpret_cast<const char*>(next_keys), lines, i * per_block, per_block);
-        PrefetchLines(reinterpret_cast<const char*>(next_values), lines,
-                      i * per_block - lines, per_block);
+class Prefetcher {
+ public:
+  Prefetcher(const Slots<T>* keys, const Slots<T>* values, int64_t H)
+      : parts_{keys, values}, row_(H * static_cast<int64_t>(sizeof(T))) {
+    Enter();
+  }
+  int64_t Lines() const {
+    return parts_[0] == nullptr ? 0 : 2 * ((parts_[0]->count * row_ + 63) / 64);
+  }
+  void Issue(int64_t n) {
+    while (n > 0 && base_ != nullptr) {
+      const int64_t k = std::min(n, lines_ - line_);
+      for (int64_t i = line_; i < line_ + k; ++i) _mm_prefetch(base_ + i * 64, _MM_HINT_T1);
+      line_ += k;
+      n -= k;
+      if (line_ == lines_) {
+        if (++seg_ * parts_[part_]->len >= parts_[part_]->count) seg_ = 0, ++part_;
+        Enter();
       }
     }
   }
-  for (; s < U; ++s)
-    for (int64_t g = 0; g < G; ++g)
-      scratch[g * padded + s] = Dot(qh + g * d.H, keys + s * d.H, d.H);
+
+ private:
+  void Enter() {  // the segment at (part_, seg_): its first byte and its lines
+    line_ = 0;
+    base_ = nullptr;
+    if (part_ >= 2 || parts_[part_] == nullptr) return;
+    const Slots<T>& p = *parts_[part_];
+    base_ = reinterpret_cast<const char*>(p.seg[seg_]);
+    lines_ = (std::min(p.len, p.count - seg_ * p.len) * row_ + 63) / 64;
+  }
+  const Slots<T>* parts_[2];
+  const char* base_ = nullptr;
+  int64_t row_, part_ = 0, seg_ = 0, line_ = 0, lines_ = 0;
+};
+
+// The G = N / K query heads of kv head `kh` of row `b`. scratch: G x U rounded up to whole
+// vectors. next: the next task's keys and values, prefetched while this one computes.
+// keys / values: the task's first U slots; keep: their mask; qh: the G heads' queries, H
+// apart; outs: the G heads' outputs, H apart.
+template <typename T>
+void Heads(const Shape& d, const float* qh, const Slots<T>& keys, const Slots<T>& values,
+           const bool* keep, float* outs, float* scratch, Prefetcher<T>& next) {
+  const int64_t G = d.N / d.K, U = d.U, H = d.H;
+  const int64_t padded = (U + kLanes - 1) / kLanes * kLanes;
+  // Scores of every head, blocks of 8 keys outermost: each key is read from memory once.
+  // Blocks do not straddle segments; a segment's last few keys go one at a time.
+  const int64_t blocks = U / 8, per_block = blocks ? (next.Lines() + blocks - 1) / blocks : 0;
+  for (int64_t j = 0, start = 0; start < U; ++j, start += keys.len) {
+    const T* base = keys.seg[j];
+    const int64_t end = std::min(U, start + keys.len);
+    int64_t s = start;
+    if (H % kLanes == 0) {  // eight keys at a time, no horizontal sum per key
+      for (; s + 8 <= end; s += 8) {
+        for (int64_t g = 0; g < G; ++g)
+          Dot8(qh + g * H, base + (s - start) * H, H, scratch + g * padded + s);
+        next.Issue(per_block);
+      }
+    }
+    for (; s < end; ++s)
+      for (int64_t g = 0; g < G; ++g)
+        scratch[g * padded + s] = Dot(qh + g * H, base + (s - start) * H, H);
+  }
   for (int64_t g = 0; g < G; ++g) {
     float* p = scratch + g * padded;
     float top = kMasked;
-    for (s = 0; s < U; ++s) {
+    for (int64_t s = 0; s < U; ++s) {
       float x = kMasked;
       if (keep[s]) {
         x = p[s] * d.scale;
@@ -145,18 +193,18 @@ void Heads(const Shape& d, const float* qh, const T* keys, const T* values, cons
       p[s] = x;
       top = std::max(top, x);
     }
-    for (s = U; s < padded; ++s) p[s] = kMasked;
+    for (int64_t s = U; s < padded; ++s) p[s] = kMasked;
     // Every slot masked (a row of batch padding): all weights equal, as in the XLA softmax.
     Vec norm = Zero(), shift = Broadcast(top);
-    for (s = 0; s < padded; s += kLanes) {
+    for (int64_t s = 0; s < padded; s += kLanes) {
       Vec e = Exp(Sub(Load(p + s), shift));
       Store(p + s, e);
       norm = Add(norm, e);
     }
-    float* o = outs + g * d.H;
-    Weighted(p, values, U, d.H, o);
+    float* o = outs + g * H;
+    Weighted(p, values, U, H, o);
     const float total = Sum(norm) - static_cast<float>(padded - U) * (top == kMasked);
-    for (int64_t h = 0; h < d.H; ++h) o[h] /= total;
+    for (int64_t h = 0; h < H; ++h) o[h] /= total;
   }
 }
 
@@ -189,42 +237,84 @@ void Run(ffi::ThreadPool& pool, const Shape& d, const float* q, const void* k, c
   auto run = [&](int64_t first, int64_t end) {
     std::vector<float> scratch(G * padded);
     for (int64_t t = first; t < end; ++t) {  // t = b * K + kh
-      const T* next_k = t + 1 < end ? kc + (t + 1) * d.S * d.H : nullptr;
-      const T* next_v = t + 1 < end ? vc + (t + 1) * d.S * d.H : nullptr;
+      const T* kt = kc + t * d.S * d.H;
+      const T* vt = vc + t * d.S * d.H;
+      const T* kn = kt + d.S * d.H;
+      const T* vn = vt + d.S * d.H;
+      const Slots<T> keys{&kt, d.S, d.U}, values{&vt, d.S, d.U};
+      const Slots<T> next_keys{&kn, d.S, d.U}, next_values{&vn, d.S, d.U};
+      Prefetcher<T> next(t + 1 < end ? &next_keys : nullptr, &next_values, d.H);
       const int64_t b = t / d.K, heads = (b * d.N + (t % d.K) * G) * d.H;
-      Heads(d, q + heads, kc + t * d.S * d.H, vc + t * d.S * d.H, mask + b * d.S, out + heads,
-            scratch.data(), next_k, next_v);
+      Heads(d, q + heads, keys, values, mask + b * d.S, out + heads, scratch.data(), next);
     }
   };
   Spread(pool, d, tasks, run);
 }
 
 // The same over a page pool [K, P, page, H] (hone/sampling/paged.py; the layout of the Pallas
-// paged-attention kernels): row b's slot s is in page table[b, s / page] at offset s % page.
-// Each task first copies its first U slots' keys and values, page by page, into buffers of its
-// own (they stay in the core's cache for the two passes over them), then runs exactly the
-// contiguous computation on them.
+// paged-attention kernels): row b's slot s is in page table[b, s / page] at offset s % page,
+// and the computation reads the pages where they are. A row reads only as far as it sees: up
+// to its last visible slot (below `used`), rounded up to eight slots, so in a batch of long
+// and short sequences each costs its own length, not the longest one's, and the slots read
+// (hence the order of the sums) depend on the row alone, not on the other rows of the batch.
+// Slots past the last visible one are masked; a row that sees nothing (an idle slot) reads
+// eight, and its output, their mean, is never used.
+template <typename T>
+class PagedTask {
+ public:
+  PagedTask(const Shape& d, int64_t page) : page_(page), k_(d.S / page + 1), v_(d.S / page + 1) {}
+  // Task t = b * K + kh: its slots and mask (into `keep`, room for its U slots).
+  void Set(const Shape& d, int64_t t, const T* kc, const T* vc, int64_t pool_pages,
+           const int32_t* table, int64_t pages, const bool* mask, char* keep) {
+    const int64_t b = t / d.K, kh = t % d.K;
+    const bool* row = mask + b * d.S;
+    int64_t seen = d.U;
+    while (seen > 0 && !row[seen - 1]) --seen;
+    u_ = std::min<int64_t>(std::max<int64_t>((seen + 7) / 8 * 8, 8), d.S);
+    if (keep != nullptr)
+      for (int64_t s = 0; s < u_; ++s) keep[s] = s < seen && row[s];
+    for (int64_t j = 0; j * page_ < u_; ++j) {
+      const int64_t from = (kh * pool_pages + table[b * pages + j]) * page_ * d.H;
+      k_[j] = kc + from;
+      v_[j] = vc + from;
+    }
+  }
+  int64_t U() const { return u_; }
+  Slots<T> Keys() const { return {k_.data(), page_, u_}; }
+  Slots<T> Values() const { return {v_.data(), page_, u_}; }
+
+ private:
+  int64_t page_, u_ = 0;
+  std::vector<const T*> k_, v_;
+};
+
 template <typename T>
 void RunPaged(ffi::ThreadPool& pool, const Shape& d, int64_t pool_pages, int64_t pages,
               int64_t page, const float* q, const void* k, const void* v, const int32_t* table,
               const bool* mask, float* out) {
   const T* kc = static_cast<const T*>(k);
   const T* vc = static_cast<const T*>(v);
-  const int64_t padded = (d.U + kLanes - 1) / kLanes * kLanes;
+  const int64_t room = (d.S + 7) / 8 * 8 + kLanes;  // the most slots a row reads, padded
   const int64_t tasks = d.B * d.K, G = d.N / d.K;
   auto run = [&](int64_t first, int64_t end) {
-    std::vector<float> scratch(G * padded);
-    std::vector<T> keys(d.U * d.H), values(d.U * d.H);
+    std::vector<float> scratch(G * room);
+    std::vector<char> keep(room);
+    PagedTask<T> now(d, page), next(d, page);
     for (int64_t t = first; t < end; ++t) {
-      const int64_t b = t / d.K, kh = t % d.K, heads = (b * d.N + kh * G) * d.H;
-      for (int64_t j = 0; j * page < d.U; ++j) {
-        const int64_t from = (kh * pool_pages + table[b * pages + j]) * page * d.H;
-        const int64_t n = std::min(page, d.U - j * page) * d.H * static_cast<int64_t>(sizeof(T));
-        std::memcpy(keys.data() + j * page * d.H, kc + from, n);
-        std::memcpy(values.data() + j * page * d.H, vc + from, n);
+      const int64_t b = t / d.K, heads = (b * d.N + (t % d.K) * G) * d.H;
+      now.Set(d, t, kc, vc, pool_pages, table, pages, mask, keep.data());
+      const Slots<T> keys = now.Keys(), values = now.Values();
+      Slots<T> next_keys{}, next_values{};
+      if (t + 1 < end) {
+        next.Set(d, t + 1, kc, vc, pool_pages, table, pages, mask, nullptr);
+        next_keys = next.Keys();
+        next_values = next.Values();
       }
-      Heads(d, q + heads, keys.data(), values.data(), mask + b * d.S, out + heads,
-            scratch.data(), static_cast<const T*>(nullptr), static_cast<const T*>(nullptr));
+      Prefetcher<T> ahead(t + 1 < end ? &next_keys : nullptr, &next_values, d.H);
+      Shape e = d;
+      e.U = now.U();
+      Heads(e, q + heads, keys, values, reinterpret_cast<const bool*>(keep.data()),
+            out + heads, scratch.data(), ahead);
     }
   };
   Spread(pool, d, tasks, run);

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from hone.kernels.decode_attention import decode_attention
+from hone.kernels.decode_attention import decode_attention, paged_decode_attention
 from hone.models.attention import Attention, make_mask
 from hone.models.config import ModelConfig
 
@@ -130,3 +130,45 @@ def test_bad_shapes_are_an_error():
                                                None))
     with pytest.raises(Exception, match=r"mask must be \[B, S\]"):
         jax.block_until_ready(decode_attention(q, k, v, mask[:, :9], jnp.int32(10), 1.0, None))
+
+
+def _paged_case(lengths, page=8, pages=5, kv=2, n=6, h=16, seed=5):
+    """Pools [K, P, page, H] holding one row per length in scattered pages, the table, and a
+    prefix mask per row; every slot past a row's length holds 1e30 (it must get no weight)."""
+    rng = np.random.default_rng(seed)
+    b, p = len(lengths), 1 + len(lengths) * pages
+    k = np.full((kv, p, page, h), 1e30, np.float32)
+    v = np.full((kv, p, page, h), 1e30, np.float32)
+    table = 1 + rng.permutation(b * pages).reshape(b, pages).astype(np.int32)
+    dense_k = rng.standard_normal((b, kv, pages * page, h)).astype(np.float32)
+    dense_v = rng.standard_normal((b, kv, pages * page, h)).astype(np.float32)
+    mask = np.zeros((b, pages * page), bool)
+    for r, length in enumerate(lengths):
+        mask[r, :length] = True
+        for s in range(length):
+            k[:, table[r, s // page], s % page] = dense_k[r, :, s]
+            v[:, table[r, s // page], s % page] = dense_v[r, :, s]
+    q = rng.standard_normal((b, n, h)).astype(np.float32) * 2.0
+    return q, k, v, table, mask, dense_k, dense_v
+
+
+def test_paged_rows_read_their_own_length_only():
+    """Rows of different lengths in one call: each against float64 over its own slots (the
+    slots past its length, up to the batch's `used`, hold 1e30 and get no weight), and each
+    bit for bit the same as when it is decoded alone: a row's sums do not depend on how long
+    the other rows of its batch are."""
+    lengths = [3, 37, 9, 40, 17]
+    q, k, v, table, mask, dense_k, dense_v = _paged_case(lengths)
+    used = jnp.int32(max(lengths))
+    got = np.asarray(paged_decode_attention(q, k, v, table, mask, used, 0.25, None))
+    for r, length in enumerate(lengths):
+        want = _reference(q[r:r + 1], dense_k[r:r + 1], dense_v[r:r + 1], mask[r:r + 1],
+                          length, 0.25, None)
+        assert np.abs(got[r:r + 1].astype(np.float64) - want).max() <= TOL
+        alone = paged_decode_attention(q[r:r + 1], k, v, table[r:r + 1], mask[r:r + 1],
+                                       jnp.int32(length), 0.25, None)
+        assert np.array_equal(np.asarray(alone), got[r:r + 1])
+    idle = mask.copy()
+    idle[2] = False  # an idle slot of the decode batch: finite, never used
+    assert np.isfinite(np.asarray(paged_decode_attention(
+        q, k, np.zeros_like(v), table, idle, used, 0.25, None))).all()

@@ -13,8 +13,8 @@ are freed and a waiting sample takes its place at the next turn of the loop. Eac
    the decoding of the others instead of stalling them;
 3. decode: `sync_steps` steps of the running sequences in one program
    (hone/sampling/paged.py), after each got the pages those steps write. The batch is as large
-   as the running sequences need (`row_bucket`: 8, 16, 32, then steps of 32 rows up to
-   `max_seqs`), so a long tail of few sequences decodes a small batch, not max_seqs rows.
+   as the running sequences need (`row_bucket`: 8, 16, 32, 48, 64, then steps of 32 rows
+   up to `max_seqs`), so a long tail of few sequences decodes a small batch, not max_seqs rows.
 Episodes (`run(on_turn=)`): when a sample's model turn ends (an end token, the turn's budget
 `Request.turn_tokens`), the callback answers with the tokens to append or None. Appended tokens
 go to the head of the queue as a prefill into the sample's own pages, after its cache (its

@@ -25,7 +25,7 @@ def row_bucket(n: int, cap: int) -> int:
 
 
 def chunk_bucket(n: int) -> int:
-    """The width of a prefill chunk of n tokens: a multiple of 16 up to 64, then a power of two.
+    """The width of a prefill chunk of n tokens: a multiple of 8 up to 64, then a power of two.
     A turn's appended tokens (a tool result and the next header: often 10-30 tokens) are
     prefilled at close to their length, not doubled; prefill costs what its padded tokens do."""
-    return -(-max(n, 1) // 16) * 16 if n <= 64 else bucket(n)
+    return -(-max(n, 1) // 8) * 8 if n <= 64 else bucket(n)

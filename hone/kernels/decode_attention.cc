@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common.h"
@@ -263,28 +264,31 @@ template <typename T>
 class PagedTask {
  public:
   PagedTask(const Shape& d, int64_t page) : page_(page), k_(d.S / page + 1), v_(d.S / page + 1) {}
-  // Task t = b * K + kh: its slots and mask (into `keep`, room for its U slots).
+  // Task t = b * K + kh: how far its row sees and where its slots are.
   void Set(const Shape& d, int64_t t, const T* kc, const T* vc, int64_t pool_pages,
-           const int32_t* table, int64_t pages, const bool* mask, char* keep) {
+           const int32_t* table, int64_t pages, const bool* mask) {
     const int64_t b = t / d.K, kh = t % d.K;
-    const bool* row = mask + b * d.S;
-    int64_t seen = d.U;
-    while (seen > 0 && !row[seen - 1]) --seen;
-    u_ = std::min<int64_t>(std::max<int64_t>((seen + 7) / 8 * 8, 8), d.S);
-    if (keep != nullptr)
-      for (int64_t s = 0; s < u_; ++s) keep[s] = s < seen && row[s];
+    row_ = mask + b * d.S;
+    seen_ = d.U;
+    while (seen_ > 0 && !row_[seen_ - 1]) --seen_;
+    u_ = std::min<int64_t>(std::max<int64_t>((seen_ + 7) / 8 * 8, 8), d.S);
     for (int64_t j = 0; j * page_ < u_; ++j) {
       const int64_t from = (kh * pool_pages + table[b * pages + j]) * page_ * d.H;
       k_[j] = kc + from;
       v_[j] = vc + from;
     }
   }
+  // The mask over the U slots it reads, into keep: none visible past the last visible one.
+  void Keep(char* keep) const {
+    for (int64_t s = 0; s < u_; ++s) keep[s] = s < seen_ && row_[s];
+  }
   int64_t U() const { return u_; }
   Slots<T> Keys() const { return {k_.data(), page_, u_}; }
   Slots<T> Values() const { return {v_.data(), page_, u_}; }
 
  private:
-  int64_t page_, u_ = 0;
+  int64_t page_, seen_ = 0, u_ = 0;
+  const bool* row_ = nullptr;
   std::vector<const T*> k_, v_;
 };
 
@@ -300,21 +304,23 @@ void RunPaged(ffi::ThreadPool& pool, const Shape& d, int64_t pool_pages, int64_t
     std::vector<float> scratch(G * room);
     std::vector<char> keep(room);
     PagedTask<T> now(d, page), next(d, page);
+    if (first < end) now.Set(d, first, kc, vc, pool_pages, table, pages, mask);
     for (int64_t t = first; t < end; ++t) {
       const int64_t b = t / d.K, heads = (b * d.N + (t % d.K) * G) * d.H;
-      now.Set(d, t, kc, vc, pool_pages, table, pages, mask, keep.data());
       const Slots<T> keys = now.Keys(), values = now.Values();
       Slots<T> next_keys{}, next_values{};
       if (t + 1 < end) {
-        next.Set(d, t + 1, kc, vc, pool_pages, table, pages, mask, nullptr);
+        next.Set(d, t + 1, kc, vc, pool_pages, table, pages, mask);
         next_keys = next.Keys();
         next_values = next.Values();
       }
       Prefetcher<T> ahead(t + 1 < end ? &next_keys : nullptr, &next_values, d.H);
+      now.Keep(keep.data());
       Shape e = d;
       e.U = now.U();
       Heads(e, q + heads, keys, values, reinterpret_cast<const bool*>(keep.data()),
             out + heads, scratch.data(), ahead);
+      std::swap(now, next);  // the next task's slots, found once
     }
   };
   Spread(pool, d, tasks, run);

@@ -206,7 +206,7 @@ class GRPOSection(RolloutKeys):
     # Optimisation passes over each rollout (mu); > 1 uses stored old log-probabilities.
     iterations: int = field(default=1, metadata={"min": 1})
     # DAPO dynamic sampling: drop groups whose rewards are all equal and refill with new
-    # prompts, up to this many extra generation rounds per step; 0 = off.
+    # prompts (agent episodes too), up to this many extra generation rounds per step; 0 = off.
     dynamic_sampling_rounds: int = field(default=0, metadata={"min": 0})
     # Truncated importance sampling: weight tokens by min(pi_trainer / pi_sampler, cap);
     # None = off.
@@ -317,6 +317,11 @@ class RLConfig(TrainConfig):
         if a.endpoint is not None and (a.environment is not None or a.tools):
             raise InputError("an endpoint process is the environment: give no agent.environment "
                              "or agent.tools beside it", key="agent.endpoint")
+        if a.endpoint is not None and getattr(s, "dynamic_sampling_rounds", 0):
+            raise InputError("dynamic sampling is not available with an endpoint process: it "
+                             "plays the episodes it is given once; set "
+                             f"{name}.dynamic_sampling_rounds=0",
+                             key=f"{name}.dynamic_sampling_rounds")
         if a.environment is not None and a.tools:
             raise InputError("give an environment or tools, not both (an environment brings "
                              "its own tools)", key="agent.tools")

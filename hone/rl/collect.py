@@ -99,6 +99,8 @@ class Rollouts(PolicyView):
         if g > 1:
             metrics.update(zero_std_fraction=float(np.mean(first_zero)),
                            refill_rounds=float(rounds))
+        if extra_rounds:  # the kept groups are chosen by reward: the first round's are not
+            metrics["drawn_reward_mean"] = float(np.mean(parts[0][1].total))
         metrics["rollout_s"] = time.perf_counter() - t0
         return rows, result.total, samples, metrics
 

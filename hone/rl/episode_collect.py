@@ -7,6 +7,12 @@ and the greedy held-out evaluation of a model as an agent.
 environment's seed is derived from it, the record's place in the batch and the copy, so a
 resumed run plays the episodes an uninterrupted run would have.
 
+DAPO dynamic sampling (`grpo.dynamic_sampling_rounds`): while fewer of the step's groups than
+the batch holds have rewards that differ, further records are drawn from the run's prompt
+iterator (whose position is in the checkpoint) and played, each round with a seed of its own
+(`step_seed(run seed, step, round)`); the groups whose rewards differ are kept first, in the
+order they were played, and groups whose rewards are all equal fill what is left.
+
 Partial episodes (agent.switch_turn, with a policy lag): `collect(..., later=NextVersion)` plays
 the turns from switch_turn on with the next policy version (hone.agents.rollout.Switch); each
 model token keeps the version that sampled it (`Episode.versions`) and its log-prob there, which
@@ -45,11 +51,12 @@ class AgentRollouts(PolicyView):
     """Episodes with the policy's current weights, scored and laid out as rows."""
 
     def __init__(self, cfg, section, graphdef, template, frozen, tokenizer, prompts, factory,
-                 turn_gamma: float | None = None):
+                 turn_gamma: float | None = None, data_iter=None):
         self.cfg, self.s, self.a = cfg, section, cfg.agent
         self.graphdef, self.template, self.frozen = graphdef, template, frozen
         self.tokenizer, self.prompts, self.factory = tokenizer, prompts, factory
         self.turn_gamma = turn_gamma  # rows carry per-turn rewards and discounts (PPO)
+        self.data_iter = data_iter  # the run's prompt iterator: dynamic sampling's refills
 
     @property
     def partial(self) -> bool:
@@ -82,16 +89,26 @@ class AgentRollouts(PolicyView):
         policy version (module doc), used when agent.switch_turn is set."""
         t0 = time.perf_counter()
         model = self.policy(state["params"])
-        indices = [int(i) for i in np.asarray(prompt_batch["index"][:, 0])]
-        records = [self.prompts.records[i] for i in indices]
+        g = self.s.group_size
         switch, version = None, step
         if later is not None and self.a.switch_turn is not None:
             version = later.own
             switch = Switch(self.a.switch_turn,
                             lambda: self.policy(later.fetch()["params"]), later.version)
-        episodes = self.play(model, records, self.s.group_size,
-                             step_seed(self.cfg.train.seed, step), version=version,
-                             switch=switch)
+
+        def play_round(batch, round_: int) -> tuple[list[Episode], list[dict]]:
+            records = [self.prompts.records[int(i)] for i in np.asarray(batch["index"][:, 0])]
+            episodes = self.play(model, records, g, step_seed(self.cfg.train.seed, step, round_),
+                                 version=version, switch=switch)
+            return episodes, [r for r in records for _ in range(g)]
+
+        episodes, per_episode = play_round(prompt_batch, 0)
+        first = np.asarray([ep.reward for ep in episodes], np.float32)
+        rounds = getattr(self.s, "dynamic_sampling_rounds", 0)
+        refills = 0
+        if rounds and g > 1:
+            episodes, per_episode, refills = self.refill(episodes, per_episode, play_round,
+                                                         rounds)
         rows = episode_rows(episodes, self.s.max_prompt_tokens, self.a.max_episode_tokens,
                             self.tokenizer.pad_id)
         if self.turn_gamma is not None:  # discounts per token, agent.gamma between turns
@@ -99,13 +116,40 @@ class AgentRollouts(PolicyView):
                 episodes, rows, self.turn_gamma, self.a.gamma)
         del rows["turn_index"]  # what turn_arrays reads; no loss does
         total = np.asarray([ep.reward for ep in episodes], np.float32)
-        metrics = self.metrics(episodes, [r for r in records for _ in range(self.s.group_size)])
-        if self.s.group_size > 1:  # as single-turn GRPO logs it (hone.rl.collect)
-            metrics["zero_std_fraction"] = zero_std_fraction(total, self.s.group_size)
+        metrics = self.metrics(episodes, per_episode)
+        if g > 1:  # of the first round's groups, as single-turn GRPO logs it (hone.rl.collect)
+            metrics["zero_std_fraction"] = zero_std_fraction(first, g)
+        if rounds and g > 1:  # the kept groups are chosen by reward: the first round is not
+            metrics.update(refill_rounds=float(refills), drawn_reward_mean=float(first.mean()))
         if switch is not None:
             metrics.update(_version_metrics(episodes))
         metrics["rollout_s"] = time.perf_counter() - t0
         return rows, total, episodes, metrics
+
+    def refill(self, episodes: list[Episode], per_episode: list[dict], play_round,
+               rounds: int) -> tuple[list[Episode], list[dict], int]:
+        """DAPO dynamic sampling over episodes: up to `rounds` further batches from the prompt
+        iterator while fewer groups than the first round's have rewards that differ; (the
+        chosen groups' episodes, their records, the rounds played). Kept first: groups whose
+        rewards differ, in the order played; then groups whose rewards are all equal."""
+        g = self.s.group_size
+        need = len(episodes) // g
+        kept, spare, played = [], [], 0
+        while True:
+            total = np.asarray([ep.reward for ep in episodes], np.float32)
+            for k, equal in enumerate(np.all(total.reshape(-1, g) == total.reshape(-1, g)[:, :1],
+                                             axis=1)):
+                group = (episodes[k * g:(k + 1) * g], per_episode[k * g:(k + 1) * g])
+                (spare if equal else kept).append(group)
+            if len(kept) >= need or played >= rounds:
+                break
+            if self.data_iter is None:
+                raise ValueError("dynamic sampling needs the run's prompt iterator")
+            played += 1
+            episodes, per_episode = play_round(self.data_iter.next(), played)
+        chosen = (kept + spare)[:need]
+        return ([ep for eps, _ in chosen for ep in eps],
+                [r for _, recs in chosen for r in recs], played)
 
     def metrics(self, episodes: list[Episode], records: list[dict]) -> dict[str, float]:
         total = np.asarray([ep.reward for ep in episodes], np.float64)

@@ -54,6 +54,6 @@ def make_rollouts(cfg, section, graphdef, template, frozen, tokenizer, prompts, 
                                 scorer, turn_gamma=turn_gamma)
     if cfg.agent.enabled:
         return AgentRollouts(cfg, section, graphdef, template, frozen, tokenizer, prompts,
-                             scorer, turn_gamma=turn_gamma)
+                             scorer, turn_gamma=turn_gamma, data_iter=data_iter)
     return Rollouts(cfg, section, graphdef, template, frozen, tokenizer, prompts, data_iter,
                     scorer, tree=tree)

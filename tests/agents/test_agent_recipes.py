@@ -82,6 +82,8 @@ def test_agentic_ppo_trains_on_episodes_with_per_turn_rewards(tmp_path):
      "agent.max_episode_tokens"),
     (["agent.environment=hone.agents.tasks:GuessNumber",
       "agent.template_args=[enable_thinking=false,oops]"], "agent.template_args[1]"),
+    (["agent.environment=null", "agent.endpoint=python3 env.py",
+      "grpo.dynamic_sampling_rounds=2"], "grpo.dynamic_sampling_rounds"),
 ])
 def test_config_mistakes_name_the_key_before_anything_is_written(tmp_path, overrides, key):
     from hone.agents.factory import environment_factory
@@ -141,6 +143,39 @@ def test_partial_episodes_resume_exactly_with_a_rollout_in_flight(tmp_path):
     assert any(r["partial_fraction"] > 0 for r in m[1:])  # episodes that spanned two versions
     assert all(0.0 <= r["policy_lag"] <= 1.0 for r in m)
     assert any(0.0 < r["policy_lag"] < 1.0 for r in m)  # mixed: a version and the next
+
+
+def test_dynamic_sampling_refills_episode_groups_and_resumes_exactly(tmp_path):
+    """grpo.dynamic_sampling_rounds with an agent: groups whose rewards are all equal are
+    replaced by groups of further records, each round played with its own seed; the refills
+    move the prompt iterator, whose position the checkpoint keeps, so a SIGTERM in the middle
+    of a later step's refills resumes to the numbers of a run never stopped."""
+    from hone.train.loop import Interrupted
+    from scripted import StopsOnReset
+
+    def run(name, at):
+        StopsOnReset.AT.update(at=at, calls=0)
+        cfg = load_config(GRPOConfig, str(ROOT / "configs/tiny/agent_grpo.yaml"), [
+            f"run_dir={tmp_path / name}", "log.sinks=[jsonl]", "train.max_steps=4",
+            "data.eval_path=null", "checkpoint.every_steps=100",
+            "grpo.dynamic_sampling_rounds=3", "agent.environment=scripted:StopsOnReset"])
+        out = run_grpo(cfg, log=lambda s: None)
+        return out, StopsOnReset.AT["calls"]
+
+    (_, straight, _), resets = run("straight", None)
+    m = rows(tmp_path / "straight")
+    assert all(0 <= r["refill_rounds"] <= 3 for r in m) and any(r["refill_rounds"] for r in m)
+    per_step = [8 * (1 + r["refill_rounds"]) for r in m]  # 8 episodes a round
+    assert resets == sum(per_step)
+    with pytest.raises(Interrupted):
+        run("stopped", sum(per_step[:3]) - 3)  # inside step 3's last round
+    (_, resumed, _), _ = run("stopped", None)
+    timing = ("rollout_s", "update_s", "tokens_per_s", "step_s")
+    clean = lambda d: [{k: v for k, v in r.items() if k not in timing}  # noqa: E731
+                       for r in rows(tmp_path / d)]
+    assert clean("stopped") == clean("straight")
+    for k in straight["params"]:
+        assert np.array_equal(np.asarray(straight["params"][k]), np.asarray(resumed["params"][k]))
 
 
 def test_an_environment_in_an_outside_process_drives_the_policy_over_http_and_it_learns(tmp_path):

@@ -56,8 +56,8 @@ TPU_HEAD_DIM = 128  # the TPU kernel's head dimension must be a multiple of this
 
 def rollout_engine(engine: str) -> str:
     """The engine an RL rollout's `engine` setting names here: "auto" is the paged engine on a
-    CPU, where it measured 1.66x the static sampler's tokens per second on a long-tail
-    rollout, and the static sampler on an accelerator, where the paged engine measured 0.15x
+    CPU, where it measured 2.03x the static sampler's tokens per second on a long-tail
+    rollout, and the static sampler on an accelerator, where the paged engine measured 0.18x
     on a TPU v5e (benchmarks/RESULTS.md "Rollouts"); "paged" and "static" are themselves."""
     if engine != "auto":
         return engine

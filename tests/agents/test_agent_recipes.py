@@ -156,7 +156,7 @@ def test_dynamic_sampling_refills_episode_groups_and_resumes_exactly(tmp_path):
     def run(name, at):
         StopsOnReset.AT.update(at=at, calls=0)
         cfg = load_config(GRPOConfig, str(ROOT / "configs/tiny/agent_grpo.yaml"), [
-            f"run_dir={tmp_path / name}", "log.sinks=[jsonl]", "train.max_steps=4",
+            f"run_dir={tmp_path / name}", "log.sinks=[jsonl]", "train.max_steps=3",
             "data.eval_path=null", "checkpoint.every_steps=100",
             "grpo.dynamic_sampling_rounds=3", "agent.environment=scripted:StopsOnReset"])
         out = run_grpo(cfg, log=lambda s: None)
@@ -168,7 +168,7 @@ def test_dynamic_sampling_refills_episode_groups_and_resumes_exactly(tmp_path):
     per_step = [8 * (1 + r["refill_rounds"]) for r in m]  # 8 episodes a round
     assert resets == sum(per_step)
     with pytest.raises(Interrupted):
-        run("stopped", sum(per_step[:3]) - 3)  # inside step 3's last round
+        run("stopped", sum(per_step[:2]) - 3)  # inside step 2's last round
     (_, resumed, _), _ = run("stopped", None)
     timing = ("rollout_s", "update_s", "tokens_per_s", "step_s")
     clean = lambda d: [{k: v for k, v in r.items() if k not in timing}  # noqa: E731

@@ -40,11 +40,16 @@ def final_reply(ep: Episode) -> str:
                  if m.get("role") == "assistant"), "")
 
 
-def zero_std_fraction(total: np.ndarray, group_size: int) -> float:
-    """The share of groups (G consecutive episodes of one record) whose rewards are all equal:
-    their group advantages are 0, so they add nothing to GRPO's update."""
+def equal_groups(total, group_size: int) -> np.ndarray:
+    """[B / G] bool: whether each group's (G consecutive episodes of one record) rewards are all
+    equal; their group advantages are 0, so they add nothing to GRPO's update."""
     groups = np.asarray(total).reshape(-1, group_size)  # [B / G, G]
-    return float(np.mean(np.all(groups == groups[:, :1], axis=1)))
+    return np.all(groups == groups[:, :1], axis=1)
+
+
+def zero_std_fraction(total: np.ndarray, group_size: int) -> float:
+    """The share of groups whose rewards are all equal (`equal_groups`)."""
+    return float(np.mean(equal_groups(total, group_size)))
 
 
 class AgentRollouts(PolicyView):
@@ -136,9 +141,7 @@ class AgentRollouts(PolicyView):
         need = len(episodes) // g
         kept, spare, played = [], [], 0
         while True:
-            total = np.asarray([ep.reward for ep in episodes], np.float32)
-            for k, equal in enumerate(np.all(total.reshape(-1, g) == total.reshape(-1, g)[:, :1],
-                                             axis=1)):
+            for k, equal in enumerate(equal_groups([ep.reward for ep in episodes], g)):
                 group = (episodes[k * g:(k + 1) * g], per_episode[k * g:(k + 1) * g])
                 (spare if equal else kept).append(group)
             if len(kept) >= need or played >= rounds:

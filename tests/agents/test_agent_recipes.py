@@ -157,7 +157,7 @@ def test_dynamic_sampling_refills_episode_groups_and_resumes_exactly(tmp_path):
         StopsOnReset.AT.update(at=at, calls=0)
         cfg = load_config(GRPOConfig, str(ROOT / "configs/tiny/agent_grpo.yaml"), [
             f"run_dir={tmp_path / name}", "log.sinks=[jsonl]", "train.max_steps=3",
-            "data.eval_path=null", "checkpoint.every_steps=100",
+            "train.batch_size=4", "data.eval_path=null", "checkpoint.every_steps=100",
             "grpo.dynamic_sampling_rounds=3", "agent.environment=scripted:StopsOnReset"])
         out = run_grpo(cfg, log=lambda s: None)
         return out, StopsOnReset.AT["calls"]
@@ -165,7 +165,7 @@ def test_dynamic_sampling_refills_episode_groups_and_resumes_exactly(tmp_path):
     (_, straight, _), resets = run("straight", None)
     m = rows(tmp_path / "straight")
     assert all(0 <= r["refill_rounds"] <= 3 for r in m) and any(r["refill_rounds"] for r in m)
-    per_step = [8 * (1 + r["refill_rounds"]) for r in m]  # 8 episodes a round
+    per_step = [4 * (1 + r["refill_rounds"]) for r in m]  # one record's 4 episodes a round
     assert resets == sum(per_step)
     with pytest.raises(Interrupted):
         run("stopped", sum(per_step[:2]) - 3)  # inside step 2's last round

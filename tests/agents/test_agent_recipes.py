@@ -111,34 +111,44 @@ def test_the_cli_exits_with_code_2_on_an_environment_that_is_not_one(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+TIMING = ("rollout_s", "update_s", "tokens_per_s", "step_s", "rollout_wait_s", "overlap_s")
+
+
+def scripted_run(run_dir, at, *overrides):
+    """configs/tiny/agent_grpo.yaml with tests/agents/scripted.py's StopsOnReset, which sends
+    SIGTERM on reset call `at` (None: never): (run_grpo's result, resets played)."""
+    from scripted import StopsOnReset
+    StopsOnReset.AT.update(at=at, calls=0)
+    cfg = load_config(GRPOConfig, str(ROOT / "configs/tiny/agent_grpo.yaml"), [
+        f"run_dir={run_dir}", "log.sinks=[jsonl]", "data.eval_path=null",
+        "checkpoint.every_steps=100", "agent.environment=scripted:StopsOnReset", *overrides])
+    return run_grpo(cfg, log=lambda s: None), StopsOnReset.AT["calls"]
+
+
+def assert_same_run(a, b, params_a, params_b):
+    """Two runs' metrics (timing aside) and final weights, equal bit for bit."""
+    clean = lambda d: [{k: v for k, v in r.items() if k not in TIMING}  # noqa: E731
+                       for r in rows(d)]
+    assert clean(a) == clean(b)
+    for k in params_a:
+        assert np.array_equal(np.asarray(params_a[k]), np.asarray(params_b[k]))
+
+
 def test_partial_episodes_resume_exactly_with_a_rollout_in_flight(tmp_path):
     """max_staleness 1 with agent.switch_turn 1: each rollout's first turns use the version
     before, its later turns wait for the update beside it; a SIGTERM during step 2's rollout
     (on its thread) resumes to the numbers of a run never stopped."""
     from hone.train.loop import Interrupted
-    from scripted import StopsOnReset
-
-    def run(name, at):
-        StopsOnReset.AT.update(at=at, calls=0)
-        cfg = load_config(GRPOConfig, str(ROOT / "configs/tiny/agent_grpo.yaml"), [
-            f"run_dir={tmp_path / name}", "log.sinks=[jsonl]", "train.max_steps=4",
-            "data.eval_path=null", "checkpoint.every_steps=100", "grpo.max_staleness=1",
-            "agent.switch_turn=1", "agent.environment=scripted:StopsOnReset"])
-        return run_grpo(cfg, log=lambda s: None)
-
-    _, straight, _ = run("straight", None)
-    with pytest.raises(Interrupted):
-        run("stopped", 2 * 8 + 3)  # 8 episodes a rollout: the 3rd reset of rollout 2's
+    lagged = ("train.max_steps=4", "grpo.max_staleness=1", "agent.switch_turn=1")
+    (_, straight, _), _ = scripted_run(tmp_path / "straight", None, *lagged)
+    with pytest.raises(Interrupted):  # 8 episodes a rollout: the 3rd reset of rollout 2's
+        scripted_run(tmp_path / "stopped", 2 * 8 + 3, *lagged)
     # Rollout 2 (0-based) starts beside update 1: the run stops after it, saved at step 2,
     # and the rollout in flight (waiting for version 2) is dropped and sampled again.
     assert sorted(p.name for p in (tmp_path / "stopped" / "checkpoints").iterdir()) == ["2"]
-    _, resumed, _ = run("stopped", None)
-    timing = ("rollout_s", "update_s", "tokens_per_s", "step_s", "rollout_wait_s", "overlap_s")
-    clean = lambda d: [{k: v for k, v in r.items() if k not in timing}  # noqa: E731
-                       for r in rows(tmp_path / d)]
-    assert clean("stopped") == clean("straight")
-    for k in straight["params"]:
-        assert np.array_equal(np.asarray(straight["params"][k]), np.asarray(resumed["params"][k]))
+    (_, resumed, _), _ = scripted_run(tmp_path / "stopped", None, *lagged)
+    assert_same_run(tmp_path / "stopped", tmp_path / "straight", straight["params"],
+                    resumed["params"])
     m = rows(tmp_path / "straight")
     assert any(r["partial_fraction"] > 0 for r in m[1:])  # episodes that spanned two versions
     assert all(0.0 <= r["policy_lag"] <= 1.0 for r in m)
@@ -151,31 +161,17 @@ def test_dynamic_sampling_refills_episode_groups_and_resumes_exactly(tmp_path):
     move the prompt iterator, whose position the checkpoint keeps, so a SIGTERM in the middle
     of a later step's refills resumes to the numbers of a run never stopped."""
     from hone.train.loop import Interrupted
-    from scripted import StopsOnReset
-
-    def run(name, at):
-        StopsOnReset.AT.update(at=at, calls=0)
-        cfg = load_config(GRPOConfig, str(ROOT / "configs/tiny/agent_grpo.yaml"), [
-            f"run_dir={tmp_path / name}", "log.sinks=[jsonl]", "train.max_steps=3",
-            "train.batch_size=4", "data.eval_path=null", "checkpoint.every_steps=100",
-            "grpo.dynamic_sampling_rounds=3", "agent.environment=scripted:StopsOnReset"])
-        out = run_grpo(cfg, log=lambda s: None)
-        return out, StopsOnReset.AT["calls"]
-
-    (_, straight, _), resets = run("straight", None)
+    refills = ("train.max_steps=3", "train.batch_size=4", "grpo.dynamic_sampling_rounds=3")
+    (_, straight, _), resets = scripted_run(tmp_path / "straight", None, *refills)
     m = rows(tmp_path / "straight")
     assert all(0 <= r["refill_rounds"] <= 3 for r in m) and any(r["refill_rounds"] for r in m)
     per_step = [4 * (1 + r["refill_rounds"]) for r in m]  # one record's 4 episodes a round
     assert resets == sum(per_step)
-    with pytest.raises(Interrupted):
-        run("stopped", sum(per_step[:2]) - 3)  # inside step 2's last round
-    (_, resumed, _), _ = run("stopped", None)
-    timing = ("rollout_s", "update_s", "tokens_per_s", "step_s")
-    clean = lambda d: [{k: v for k, v in r.items() if k not in timing}  # noqa: E731
-                       for r in rows(tmp_path / d)]
-    assert clean("stopped") == clean("straight")
-    for k in straight["params"]:
-        assert np.array_equal(np.asarray(straight["params"][k]), np.asarray(resumed["params"][k]))
+    with pytest.raises(Interrupted):  # inside step 2's last round
+        scripted_run(tmp_path / "stopped", sum(per_step[:2]) - 3, *refills)
+    (_, resumed, _), _ = scripted_run(tmp_path / "stopped", None, *refills)
+    assert_same_run(tmp_path / "stopped", tmp_path / "straight", straight["params"],
+                    resumed["params"])
 
 
 def test_an_environment_in_an_outside_process_drives_the_policy_over_http_and_it_learns(tmp_path):

@@ -16,8 +16,8 @@ import numpy as np
 
 from hone.grading import is_correct
 from hone.rl.prompts import PromptData
-from hone.rl.rollout import (PolicyView, Samples, completion_stats, pack_rows, pack_tree_rows,
-                             sample, step_seed, tree_width)
+from hone.rl.rollout import (PolicyView, Samples, completion_stats, equal_groups, pack_rows,
+                             pack_tree_rows, refill_groups, sample, step_seed, tree_width)
 
 
 class Rollouts(PolicyView):
@@ -66,22 +66,17 @@ class Rollouts(PolicyView):
         metrics (reward means, events, completion lengths, refill rounds, rollout_s)."""
         t0 = time.perf_counter()
         model = self.policy(state["params"])
-        g, need = self.s.group_size, self.groups
+        g = self.s.group_size
         extra_rounds = getattr(self.s, "dynamic_sampling_rounds", 0)
         samples, result = self.draw(model, prompt_batch["index"][:, 0], step, 0)
-        first_zero = _zero_std_groups(result.total, g)
-        parts, kept, spare, rounds = [(samples, result)], [], [], 0
+        first_zero = equal_groups(result.total, g)
+        parts, rounds = [(samples, result)], 0
         if extra_rounds:
-            while True:
-                zero = _zero_std_groups(parts[-1][1].total, g)
-                kept += [(len(parts) - 1, k) for k in range(len(zero)) if not zero[k]]
-                spare += [(len(parts) - 1, k) for k in range(len(zero)) if zero[k]]
-                if len(kept) >= need or rounds >= extra_rounds:
-                    break
-                rounds += 1
-                parts.append(self.draw(model, self.data_iter.next()["index"][:, 0], step,
-                                        rounds))
-            chosen = (kept + spare)[:need]
+            parts, chosen = refill_groups(
+                parts[0], g, extra_rounds, lambda r: self.draw(
+                    model, self.data_iter.next()["index"][:, 0], step, r),
+                lambda part: part[1].total)
+            rounds = len(parts) - 1
             samples = Samples.concat([parts[p][0].take_groups([k]) for p, k in chosen])
             events: dict[str, int] = {}
             for _, part in parts:  # every round's reward-function events, refills included
@@ -138,11 +133,6 @@ class Rollouts(PolicyView):
             return out
 
         return evaluate
-
-
-def _zero_std_groups(total, g: int) -> np.ndarray:
-    groups = np.asarray(total, np.float64).reshape(-1, g)
-    return np.all(groups == groups[:, :1], axis=1)
 
 
 def _take(result, k: int, g: int):

@@ -31,20 +31,13 @@ from hone.agents.episode_rows import episode_rows, turn_arrays
 from hone.agents.episode import Episode, Switch, episode_metrics
 from hone.agents.rollout import rollout
 from hone.grading import is_correct
-from hone.rl.rollout import PolicyView, step_seed
+from hone.rl.rollout import PolicyView, equal_groups, refill_groups, step_seed
 
 
 def final_reply(ep: Episode) -> str:
     """The model's last turn, as text."""
     return next((m.get("content") or "" for m in reversed(ep.messages)
                  if m.get("role") == "assistant"), "")
-
-
-def equal_groups(total, group_size: int) -> np.ndarray:
-    """[B / G] bool: whether each group's (G consecutive episodes of one record) rewards are all
-    equal; their group advantages are 0, so they add nothing to GRPO's update."""
-    groups = np.asarray(total).reshape(-1, group_size)  # [B / G, G]
-    return np.all(groups == groups[:, :1], axis=1)
 
 
 def zero_std_fraction(total: np.ndarray, group_size: int) -> float:
@@ -133,26 +126,19 @@ class AgentRollouts(PolicyView):
 
     def refill(self, episodes: list[Episode], per_episode: list[dict], play_round,
                rounds: int) -> tuple[list[Episode], list[dict], int]:
-        """DAPO dynamic sampling over episodes: up to `rounds` further batches from the prompt
-        iterator while fewer groups than the first round's have rewards that differ; (the
-        chosen groups' episodes, their records, the rounds played). Kept first: groups whose
-        rewards differ, in the order played; then groups whose rewards are all equal."""
+        """DAPO dynamic sampling over episodes (`hone.rl.rollout.refill_groups`), further
+        batches from the prompt iterator: (the chosen groups' episodes, their records, the
+        rounds played after the first)."""
+        if self.data_iter is None:
+            raise ValueError("dynamic sampling needs the run's prompt iterator")
         g = self.s.group_size
-        need = len(episodes) // g
-        kept, spare, played = [], [], 0
-        while True:
-            for k, equal in enumerate(equal_groups([ep.reward for ep in episodes], g)):
-                group = (episodes[k * g:(k + 1) * g], per_episode[k * g:(k + 1) * g])
-                (spare if equal else kept).append(group)
-            if len(kept) >= need or played >= rounds:
-                break
-            if self.data_iter is None:
-                raise ValueError("dynamic sampling needs the run's prompt iterator")
-            played += 1
-            episodes, per_episode = play_round(self.data_iter.next(), played)
-        chosen = (kept + spare)[:need]
-        return ([ep for eps, _ in chosen for ep in eps],
-                [r for _, recs in chosen for r in recs], played)
+        parts, chosen = refill_groups(
+            (episodes, per_episode), g, rounds,
+            lambda r: play_round(self.data_iter.next(), r),
+            lambda part: [ep.reward for ep in part[0]])
+        span = lambda k: slice(k * g, (k + 1) * g)  # noqa: E731
+        return ([ep for p, k in chosen for ep in parts[p][0][span(k)]],
+                [r for p, k in chosen for r in parts[p][1][span(k)]], len(parts) - 1)
 
     def metrics(self, episodes: list[Episode], records: list[dict]) -> dict[str, float]:
         total = np.asarray([ep.reward for ep in episodes], np.float64)

@@ -51,6 +51,30 @@ def step_seed(seed: int, step: int, round_: int = 0) -> int:
     return (seed * 1_000_003 + step * 101 + round_) % (2**31 - 1)
 
 
+def equal_groups(total, group_size: int) -> np.ndarray:
+    """[B / G] bool: whether each group's (G consecutive samples or episodes of one prompt)
+    rewards are all equal; their group advantages are 0, so they add nothing to GRPO's update."""
+    groups = np.asarray(total, np.float64).reshape(-1, group_size)  # [B / G, G]
+    return np.all(groups == groups[:, :1], axis=1)
+
+
+def refill_groups(first, group_size: int, rounds: int, draw, rewards):
+    """DAPO dynamic sampling, for single turns and episodes alike: while fewer groups than the
+    first round holds have rewards that differ, up to `rounds` further rounds `draw(r)` (r = 1,
+    2, ...). rewards(part): a round's rewards [groups x G]. Returns (the rounds played, first
+    included; the chosen (round, group) pairs: groups whose rewards differ first, in the order
+    played, then groups whose rewards are all equal)."""
+    parts, kept, spare = [first], [], []
+    need = len(rewards(first)) // group_size
+    while True:
+        p = len(parts) - 1
+        for k, equal in enumerate(equal_groups(rewards(parts[p]), group_size)):
+            (spare if equal else kept).append((p, k))
+        if len(kept) >= need or p >= rounds:
+            return parts, (kept + spare)[:need]
+        parts.append(draw(p + 1))
+
+
 class PolicyView:
     """What both kinds of rollouts (hone/rl/rollouts.py) share: the policy module over given
     weights, from the graph, the trainable template and the frozen rest they were made with."""

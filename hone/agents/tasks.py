@@ -11,7 +11,8 @@ number-guessing game.
   (`builtin:countdown`, hone.datasets.countdown). The model tries expressions with the
   calculator and answers "Answer: EXPR". Reward (`expression_reward`): 1.0 when the expression
   after the final reply's last "Answer:" uses each given number exactly once, only + - * / and
-  parentheses, and equals the target; else 0.0.
+  parentheses, and equals the target; else 0.0. Counters "target_hits" and "unchecked_answers"
+  say whether the agent answers after a try reached the target or guesses.
 - `GuessNumber`: a secret whole number in [lo, hi] (the record's "secret", "lo", "hi" when given,
   else drawn from self.rng); the model guesses, the environment says "higher", "lower" or
   "correct". Reward 1.0 - turn_cost * (guesses - 1) when found within max_turns, else 0.0; a reply
@@ -91,11 +92,36 @@ def expression_reward(example: dict, messages: list[dict], reply: str) -> float:
 
 
 class Countdown(ToolEnvironment):
-    """Reach a target from given numbers, checking tries with the bundled calculator."""
+    """Reach a target from given numbers, checking tries with the bundled calculator.
+
+    Two counters besides ToolEnvironment's say whether the agent checks its tries: "target_hits"
+    (calculator calls whose expression is a solution: each number once, the target reached) and
+    "unchecked_answers" (answers given before any try was a solution: a guess, whatever the
+    calculator said). An agent that checks answers only after a hit, or at its last turn.
+    """
 
     def __init__(self, *, max_turns: int = 4, timeout_s: float = 5.0, runner=None, parser=None):
         super().__init__([calculator], expression_reward, system_prompt=COUNTDOWN_SYSTEM_PROMPT,
                          max_turns=max_turns, parser=parser, timeout_s=timeout_s, runner=runner)
+        self.hit = False
+
+    def reset(self, example: dict) -> list[dict]:
+        self.hit = False
+        return super().reset(example)
+
+    def step(self, reply: str) -> Step:
+        step = super().step(reply)
+        info = dict(step.info)
+        if not step.done:  # its calls ran: count the ones that solve the puzzle
+            calls, _ = self.parser.parse(reply)
+            hits = sum(c.name == "calculator" and isinstance(c.arguments.get("expression"), str)
+                       and expression_reward(self.example, [], "Answer: "
+                                             + c.arguments["expression"]) == 1.0 for c in calls)
+            self.hit = self.hit or hits > 0
+            info["target_hits"] = hits
+        elif "turn_limits" not in info and not self.hit:  # it answered without a hit
+            info["unchecked_answers"] = 1
+        return Step(step.messages, step.reward, step.done, {k: v for k, v in info.items() if v})
 
 
 _INTEGER = re.compile(r"-?\d+")

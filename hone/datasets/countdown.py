@@ -13,7 +13,9 @@ traces of the calculator in use for an SFT warm start.
   (as in `calculator_traces`), the puzzle, then guess and check: half the traces first try a
   wrong expression (all three numbers, another value), read the calculator's result and try
   again; every trace then tries a right expression and answers "Answer: EXPR". A warm start
-  learns the format and the checking; which expression to try is what RL has left to learn.
+  learns the format from them; whether it also learns to check (to answer only after the
+  calculator showed the target) the environment's counters say ("unchecked_answers"), and which
+  expression to try is what RL has left to learn.
 - Expressions are written one way: "(a op b) op c" or "a op (b op c)".
 - Deterministic: `random.Random(seed)`; the bundled sets use fixed seeds and sizes.
 """

@@ -133,6 +133,23 @@ def test_environment_turn_limit_and_a_wrong_answer():
     assert env.step("Answer: 3 + 7 + 25").reward == 0.0
 
 
+def test_counters_tell_a_checked_answer_from_a_guess():
+    call = lambda expr: HermesParser().format(  # noqa: E731
+        [ToolCall("calculator", {"expression": expr})])
+    env = Countdown(runner="inline")
+    env.reset(PUZZLE)
+    assert env.step(call("3 + 7 + 25")).info == {"tool_calls": 1}  # 35: a miss
+    assert env.step(call("25 + 21")).info == {"tool_calls": 1}  # 46, but 21 is not given
+    assert env.step("Answer: 3 * 7 + 25").info == {"unchecked_answers": 1}  # right, a guess
+    env = Countdown(runner="inline")
+    env.reset(PUZZLE)
+    assert env.step(call("(3 * 7) + 25")).info == {"tool_calls": 1, "target_hits": 1}
+    step = env.step("Answer: (3 * 7) + 25")
+    assert step.reward == 1.0 and step.info == {}  # answered after its hit
+    env.reset(PUZZLE)  # a new episode forgets the hit
+    assert env.step("Answer: 1").info == {"unchecked_answers": 1}
+
+
 @pytest.mark.real_model
 def test_configs_fit_the_openings_and_traces_in_smollm2s_template():
     from pathlib import Path

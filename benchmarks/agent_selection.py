@@ -78,8 +78,10 @@ def note(text: str) -> None:
 
 
 def hone(*args: str) -> None:
-    """One hone command in its own process (each run's compiled programs and memory its own)."""
-    cmd = [str(ROOT / ".venv/bin/hone"), *args]
+    """One hone command in its own process (each run's compiled programs and memory its own).
+    `python -m` from ROOT imports this checkout's hone: the `hone` script of a venv shared with
+    another checkout (a worktree at an older commit) would import the one it was installed from."""
+    cmd = [sys.executable, "-m", "hone.cli", *args]
     note(" ".join(cmd))
     subprocess.run(cmd, check=True, cwd=ROOT)
 

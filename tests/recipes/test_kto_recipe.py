@@ -120,9 +120,14 @@ def test_update_does_not_depend_on_the_micro_batch_split():
     (da, ma), (db, mb) = sgd_update(1, batch), sgd_update(4, batch)
     assert float(ma["z0"]) > 0 and float(ma["z0"]) == pytest.approx(float(mb["z0"]), rel=1e-6)
     assert float(ma["loss"]) == pytest.approx(float(mb["loss"]), rel=1e-6)
+    # The two sum the examples' float32 gradients in different orders. The largest difference,
+    # as a share of the largest entry, was under 1e-6 (8.4 eps) on AVX-512 machines and 15.3
+    # eps on an AVX2 Zen 3 (layers/0/attn/k/kernel, 2026-12-07), where XLA vectorises the sums
+    # differently; the bound is twice that.
+    tol = 32 * np.finfo(np.float32).eps
     for k in da:
         assert np.max(np.abs(da[k])) > 0, k
-        assert np.max(np.abs(da[k] - db[k])) <= 1e-6 * np.max(np.abs(da[k])), k
+        assert np.max(np.abs(da[k] - db[k])) <= tol * np.max(np.abs(da[k])), k
 
 
 def test_bad_labels_name_file_record_and_field(tmp_path, capsys):

@@ -24,13 +24,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def probe(rollouts, model, records: list[dict], temperature: float, samples: int,
-          batch: int = 16) -> dict:
+def probe(rollouts, model, records: list[dict], temperature: float, samples: int) -> dict:
+    from hone.eval.agent import play_records
     k = 1 if temperature == 0 else samples
-    episodes = []
-    for start in range(0, len(records), batch):
-        episodes += rollouts.play(model, records[start:start + batch], k, 0,
-                                  temperature=temperature)
+    episodes = play_records(rollouts, model, records, samples=k, temperature=temperature,
+                            batch_size=16)  # 16 records a call, as the recorded figures
     n = len(episodes)
     tries = Counter(ep.events.get("tool_calls", 0) for ep in episodes)
     solved = [ep.reward > 0 for ep in episodes]
@@ -54,16 +52,13 @@ def main() -> None:
     parser.add_argument("--temperatures", default="0")
     parser.add_argument("--samples", type=int, default=4, help="episodes per record when sampled")
     args = parser.parse_args()
-    from hone.agents.factory import environment_factory
     from hone.data.loader import load_records
-    from hone.eval.agent import agent_config
+    from hone.eval.agent import agent_config, scoring_rollouts
     from hone.eval.models import load_policy
-    from hone.rl.episode_collect import AgentRollouts
     cfg = agent_config(str(ROOT / args.config))
     records = load_records(cfg.data.eval_path, None, args.questions)
     model, tokenizer = load_policy(args.model)
-    rollouts = AgentRollouts(cfg, getattr(cfg, cfg.SECTION), None, None, None, tokenizer, None,
-                             environment_factory(cfg, lambda _: None))
+    rollouts = scoring_rollouts(cfg, tokenizer)
     for t in (float(x) for x in args.temperatures.split(",")):
         print(json.dumps(probe(rollouts, model, records, t, args.samples)), flush=True)
 

@@ -122,6 +122,7 @@ class ToolEnvironment(Environment):
         self.turns = 0
         self.done = False
         self.reward_error: str | None = None
+        self.calls: list = []
 
     def reset(self, example: dict) -> list[dict]:
         self.example, self.turns, self.done = example, 0, False
@@ -134,6 +135,7 @@ class ToolEnvironment(Environment):
         self.turns += 1
         self.messages.append({"role": "assistant", "content": reply})
         calls, malformed = self.parser.parse(reply)
+        self.calls = calls  # this turn's well-formed calls, for subclasses that score them
         info: Counter = Counter()
         if not calls and not malformed:
             return self._finish(reply, info)

@@ -113,10 +113,10 @@ class Countdown(ToolEnvironment):
         step = super().step(reply)
         info = dict(step.info)
         if not step.done:  # its calls ran: count the ones that solve the puzzle
-            calls, _ = self.parser.parse(reply)
             hits = sum(c.name == "calculator" and isinstance(c.arguments.get("expression"), str)
                        and expression_reward(self.example, [], "Answer: "
-                                             + c.arguments["expression"]) == 1.0 for c in calls)
+                                             + c.arguments["expression"]) == 1.0
+                       for c in self.calls)
             self.hit = self.hit or hits > 0
             info["target_hits"] = hits
         elif "turn_limits" not in info and not self.hit:  # it answered without a hit

@@ -52,24 +52,39 @@ def agent_config(path: str):
     return cfg
 
 
-def agent_accuracy(model, tokenizer, cfg, records: list[dict], *, batch_size: int = 32,
-                   seed: int = 0, log=None) -> AgentReport:
-    """Play one greedy episode of each record with `cfg`'s agent section and score them."""
-    from hone.rl.episode_collect import AgentRollouts, final_reply
+def scoring_rollouts(cfg, tokenizer, log=None):
+    """`cfg`'s agent as an AgentRollouts that only plays and scores (no train state, prompts
+    or graph)."""
     from hone.agents.factory import environment_factory
-    from hone.grading import is_correct
-    if batch_size < 1:
-        raise InputError(f"must be >= 1, got {batch_size}", key="--batch-size")
-    section = getattr(cfg, cfg.SECTION)
+    from hone.rl.episode_collect import AgentRollouts
     factory = environment_factory(cfg, log or (lambda _: None))
-    # Only play() and metrics() are used: no train state, prompts or graph are needed.
-    rollouts = AgentRollouts(cfg, section, None, None, None, tokenizer, None, factory)
+    return AgentRollouts(cfg, getattr(cfg, cfg.SECTION), None, None, None, tokenizer, None,
+                         factory)
+
+
+def play_records(rollouts, model, records: list[dict], *, samples: int = 1,
+                 temperature: float = 0.0, batch_size: int = 32, seed: int = 0,
+                 log=None) -> list:
+    """`samples` episodes of each record (a record's episodes together), `batch_size` records
+    at a time."""
     episodes = []
     for start in range(0, len(records), batch_size):
         chunk = records[start:start + batch_size]
-        episodes += rollouts.play(model, chunk, 1, seed, temperature=0.0)
+        episodes += rollouts.play(model, chunk, samples, seed, temperature=temperature)
         if log:
-            log(f"{len(episodes)}/{len(records)} episodes")
+            log(f"{len(episodes)}/{len(records) * samples} episodes")
+    return episodes
+
+
+def agent_accuracy(model, tokenizer, cfg, records: list[dict], *, batch_size: int = 32,
+                   seed: int = 0, log=None) -> AgentReport:
+    """Play one greedy episode of each record with `cfg`'s agent section and score them."""
+    from hone.rl.episode_collect import final_reply
+    from hone.grading import is_correct
+    if batch_size < 1:
+        raise InputError(f"must be >= 1, got {batch_size}", key="--batch-size")
+    rollouts = scoring_rollouts(cfg, tokenizer, log)
+    episodes = play_records(rollouts, model, records, batch_size=batch_size, seed=seed, log=log)
     m = rollouts.metrics(episodes, records)
     column = cfg.rewards.answer_column
     replies = [final_reply(ep) for ep in episodes]

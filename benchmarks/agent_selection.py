@@ -7,9 +7,16 @@ only once, on the chosen models. Tasks (--task):
   operands) and -eval-wordings (held-out operands in held-out wordings); score: accuracy.
 - countdown: validation builtin:countdown-validation; test builtin:countdown-eval (puzzles that
   occur in no other set); score: the mean reward (1 for a right "Answer:" expression).
+- countdown-checked: countdown whose calculator results say whether the try solved the puzzle
+  (hone.agents.tasks.CheckedCountdown), its warm start on builtin:countdown-checked-traces
+  (the countdown configs, with the settings of TASKS["countdown-checked"]).
 
     .venv/bin/python benchmarks/agent_selection.py [--task countdown] [--write]
-        [--lengths 4,8,16,32] [--steps 30] [--grpo-set grpo.temperature=0.8 ...] [--out DIR]
+        [--lengths 4,8,16,32] [--steps 30] [--step-offset 64] [--test-questions 128]
+        [--grpo-set grpo.temperature=0.8 ...] [--out DIR]
+
+With --step-offset N the GRPO step is chosen on validation records N.. (N + --questions), not on
+the records that chose the warm start: a choice scored on the records that made it is biased up.
 
 1. Warm start: LoRA SFT of configs/smollm2/agent_TASK_sft.yaml for each length L of --lengths
    (separate runs, each with its own schedule), merged; each scored as an agent on the first
@@ -71,6 +78,19 @@ TASKS = {
         "scoring": "one greedy episode per puzzle with the calculator, solved when the final "
         "reply's \"Answer:\" expression uses each number once and makes the target"},
 }
+# Countdown whose calculator results say whether the try solved the puzzle
+# (hone.agents.tasks.CheckedCountdown), warm-started on traces shown the same way with up to
+# two misses (episodes of three tries run to 492 tokens in SmolLM2's template).
+TASKS["countdown-checked"] = {
+    **TASKS["countdown"],
+    "traces": "builtin:countdown-checked-traces",
+    "sft_set": ["data.path=builtin:countdown-checked-traces", "data.max_length=512"],
+    "grpo_task_set": ["agent.environment=hone.agents.tasks:CheckedCountdown",
+                      "agent.max_episode_tokens=512"],
+    "title": "Agents: countdown with checked results",
+    "scoring": "one greedy episode per puzzle with the checked calculator (each result says "
+    "whether the try solved the puzzle), solved when the final reply's \"Answer:\" expression "
+    "uses each number once and makes the target"}
 
 
 def note(text: str) -> None:
@@ -88,13 +108,20 @@ def hone(*args: str) -> None:
 
 def grpo_config(task: dict, overrides: list[str]):
     from hone.config import COMMANDS, load_config
-    return load_config(COMMANDS["grpo"], str(ROOT / task["grpo"]), overrides)
+    return load_config(COMMANDS["grpo"], str(ROOT / task["grpo"]),
+                       [*task.get("grpo_task_set", []), *overrides])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", choices=sorted(TASKS), default="calculator")
     parser.add_argument("--questions", type=int, default=64, help="questions per set scored")
+    parser.add_argument("--step-offset", type=int, default=0,
+                        help="choose the GRPO step on validation records OFFSET.. (OFFSET + "
+                        "--questions), not on the ones that chose the warm start (default 0: "
+                        "the same records)")
+    parser.add_argument("--test-questions", type=int, default=None,
+                        help="questions per test set (default --questions)")
     parser.add_argument("--lengths", default=None,
                         help="warm start lengths to try (default: the task's)")
     parser.add_argument("--steps", type=int, default=30, help="GRPO steps of the one run")
@@ -122,8 +149,15 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} CPU cores, "
         f"{platform.machine()}, {platform.system()}", "questions": args.questions,
         "lengths": lengths, "steps": args.steps, "every": args.every, "task": args.task,
-        "grpo_set": args.grpo_set})
+        "grpo_set": args.grpo_set, "step_offset": args.step_offset,
+        "test_questions": args.test_questions or args.questions})
     validation = load_records(task["validation"], None, args.questions)
+    step_validation = task["validation"]
+    if args.step_offset:
+        step_validation = str(out / "step-validation.jsonl")
+        chosen_by = load_records(task["validation"], None, args.step_offset + args.questions)
+        Path(step_validation).write_text("".join(
+            json.dumps(r) + "\n" for r in chosen_by[args.step_offset:]))
     cfg = grpo_config(task, args.grpo_set)
     if args.title:
         task = {**task, "title": args.title}
@@ -133,7 +167,8 @@ def main() -> None:
         run = out / f"sft-{length}"
         if not (run / "export").exists():
             hone("sft", "--config", str(sft), f"run_dir={run}", f"train.max_steps={length}",
-                 f"checkpoint.every_steps={length}", "log.sinks=[jsonl]")
+                 f"checkpoint.every_steps={length}", "log.sinks=[jsonl]",
+                 *task.get("sft_set", []))
             hone("export", "--run", str(run), "--out", str(run / "export"))
         measure(results, path, f"validation_sft_{length}",
                 lambda run=run: agent_row(str(run / "export"), cfg, validation))
@@ -147,10 +182,10 @@ def main() -> None:
         t0 = time.perf_counter()
         hone("grpo", "--config", str(grpo), f"run_dir={run}", f"model.source={warm}",
              f"train.max_steps={args.steps}", f"train.eval_every={args.every}",
-             f"data.eval_path={task['validation']}", f"grpo.eval_prompts={args.questions}",
+             f"data.eval_path={step_validation}", f"grpo.eval_prompts={args.questions}",
              f"checkpoint.every_steps={args.every}",
              f"checkpoint.keep={args.steps // args.every + 1}", "log.sinks=[jsonl]",
-             *args.grpo_set)
+             *task.get("grpo_task_set", []), *args.grpo_set)
         keep(results, path, "grpo_s", time.perf_counter() - t0)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     curve = {r["step"]: r[task["curve"]] for r in rows if task["curve"] in r}
@@ -168,7 +203,7 @@ def main() -> None:
 
     # 3. the test sets, once, on the chosen models
     for name, source in task["tests"].items():
-        records = load_records(source, None, args.questions)
+        records = load_records(source, None, args.test_questions or args.questions)
         measure(results, path, f"test_{name}_warm", lambda r=records: agent_row(str(warm), cfg, r))
         measure(results, path, f"test_{name}_grpo",
                 lambda r=records: agent_row(str(chosen), cfg, r))
@@ -198,11 +233,16 @@ def report(results: dict, cfg, task: dict) -> str:
     mean = lambda key: sum(r.get(key, 0.0) for r in train) / max(len(train), 1)  # noqa: E731
     minutes = (sum(v["seconds"] for v in results.values() if isinstance(v, dict)
                    and "seconds" in v) + results.get("grpo_s", 0.0)) / 60
+    q, offset = s["questions"], s.get("step_offset", 0)
+    chosen_on = (f"the first {q} records of {task['validation']}" if not offset else
+                 f"records of {task['validation']}: the warm start's length on the first {q}, "
+                 f"the GRPO step on the next {q} (records {offset}-{offset + q - 1}), so "
+                 "neither choice is scored on the records that made the other")
     return "\n".join([
         f"## {task['title']}", "",
         f"Measured {s['date']} on {s['machine']} with `benchmarks/agent_selection.py --task "
         f"{s.get('task', 'calculator')}` ({task['sft']}, then {task['grpo']}). Every choice was "
-        f"made on the first {s['questions']} records of {task['validation']}: "
+        f"made on {chosen_on}: "
         f"{task['validation_text']}. The test sets were scored once, after both choices, on "
         f"the chosen models only. Scoring: {task['scoring']} (up to {a.max_turns} turns of "
         f"{g.max_new_tokens} tokens).",
@@ -216,9 +256,11 @@ def report(results: dict, cfg, task: dict) -> str:
         f"{g.clip_eps}/{g.clip_eps_high}; "
         + (f"set for this run: {', '.join(s['grpo_set'])}" if s.get("grpo_set")
            else "the config's settings, not tuned here") + "), validated "
-        f"every {s['every']} steps inside the run:", "",
+        f"every {s['every']} steps inside the run"
+        + (f" on validation records {offset}-{offset + q - 1}" if offset else "") + ":", "",
         f"| GRPO step | validation {unit} | |", "|---|---|---|", steps, "",
-        f"3. The test sets (first {s['questions']} questions each), scored once:", "",
+        f"3. The test sets (first {s.get('test_questions', q)} questions each), scored once:",
+        "",
         f"| test set | warm start ({best} steps) | GRPO (step {step}) | points |",
         "|---|---|---|---|", *tests, "",
         f"Goal (issue 46: agentic GRPO >= +10 points over its warm start on held-out problems, "

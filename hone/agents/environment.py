@@ -151,6 +151,8 @@ class ToolEnvironment(Environment):
             else:
                 ok, text, event = self.runner.call(self.functions[call.name], call.arguments,
                                                    self.timeout_s)
+                if ok:
+                    text = self.annotate(call, text)
             if event:
                 info[event] += 1
             text, cut = _cut(text, self.max_result_chars)
@@ -165,6 +167,11 @@ class ToolEnvironment(Environment):
                 "object")})
         self.messages.extend(out)
         return Step([dict(m) for m in out], 0.0, False, _counts(info))
+
+    def annotate(self, call, text: str) -> str:
+        """The message a tool's successful result is shown as (a subclass may add what the
+        environment knows, e.g. whether a try reached the goal); the result itself here."""
+        return text
 
     def _finish(self, reply: str, info: Counter) -> Step:
         """The episode's end: the model answered without a tool call."""

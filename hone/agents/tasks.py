@@ -12,7 +12,8 @@ number-guessing game.
   calculator and answers "Answer: EXPR". Reward (`expression_reward`): 1.0 when the expression
   after the final reply's last "Answer:" uses each given number exactly once, only + - * / and
   parentheses, and equals the target; else 0.0. Counters "target_hits" and "unchecked_answers"
-  say whether the agent answers after a try reached the target or guesses.
+  say whether the agent answers after a try reached the target or guesses. `CheckedCountdown`:
+  the same puzzles, each calculator result followed by whether it solves the puzzle.
 - `GuessNumber`: a secret whole number in [lo, hi] (the record's "secret", "lo", "hi" when given,
   else drawn from self.rng); the model guesses, the environment says "higher", "lower" or
   "correct". Reward 1.0 - turn_cost * (guesses - 1) when found within max_turns, else 0.0; a reply
@@ -122,6 +123,32 @@ class Countdown(ToolEnvironment):
         elif "turn_limits" not in info and not self.hit:  # it answered without a hit
             info["unchecked_answers"] = 1
         return Step(step.messages, step.reward, step.done, {k: v for k, v in info.items() if v})
+
+
+def checked_result(example: dict, expression, result: str) -> str:
+    """The calculator's `result` for `expression`, followed by whether the try solves the puzzle
+    `example` (CheckedCountdown's tool messages, and its traces'): "46: the target. Answer with
+    this expression.", "46: the target, but not with each given number once. Try another." or
+    "51: not the target 46. Try another."
+    """
+    target = int(example["target"])
+    if isinstance(expression, str) and expression_reward(
+            example, [], "Answer: " + expression) == 1.0:
+        return f"{result}: the target. Answer with this expression."
+    if result.strip() == str(target):
+        return f"{result}: the target, but not with each given number once. Try another."
+    return f"{result}: not the target {target}. Try another."
+
+
+class CheckedCountdown(Countdown):
+    """Countdown whose calculator results say whether the try solved the puzzle
+    (`checked_result`), so the agent need not compare the result with the target itself; its
+    warm-start traces are builtin:countdown-checked-traces. Reward and counters as Countdown's."""
+
+    def annotate(self, call, text: str) -> str:
+        if call.name != "calculator":
+            return text
+        return checked_result(self.example, call.arguments.get("expression"), text)
 
 
 _INTEGER = re.compile(r"-?\d+")

@@ -29,6 +29,7 @@ BUILTIN: dict[str, Callable[[], list[dict]]] = {
     "countdown": _countdown.countdown,
     "countdown-eval": _countdown.countdown_eval,
     "countdown-traces": _countdown.countdown_agent_traces,
+    "countdown-checked-traces": _countdown.countdown_checked_traces,
     "countdown-validation": _countdown.countdown_validation,
     "guess-number": _guess.guess_number,
     "guess-number-eval": _guess.guess_number_eval,

@@ -16,6 +16,9 @@ traces of the calculator in use for an SFT warm start.
   learns the format from them; whether it also learns to check (to answer only after the
   calculator showed the target) the environment's counters say ("unchecked_answers"), and which
   expression to try is what RL has left to learn.
+- Checked traces (`countdown_traces(checked=True)`, builtin:countdown-checked-traces) are the
+  warm start of `CheckedCountdown`, whose calculator results say whether a try solved the
+  puzzle: 0, 1 or 2 wrong tries, each result saying "not the target", then the right one.
 - Expressions are written one way: "(a op b) op c" or "a op (b op c)".
 - Deterministic: `random.Random(seed)`; the bundled sets use fixed seeds and sizes.
 """
@@ -117,12 +120,15 @@ def countdown_examples(n: int, seed: int, split: str = "train") -> list[dict]:
             for numbers, target in _puzzles(n, seed, split)]
 
 
-def countdown_traces(n: int, seed: int) -> list[dict]:
+def countdown_traces(n: int, seed: int, checked: bool = False) -> list[dict]:
     """n SFT records {"messages": [system, user, (wrong try, its result,) right try, its result,
-    answer]} on train-split puzzles."""
+    answer]} on train-split puzzles. checked: the results as CheckedCountdown shows them (each
+    says whether the try solved the puzzle) and 0, 1 or 2 wrong tries (a third each) before the
+    right one, so that a warm start sees a miss answered by another try, twice at most (the
+    fourth turn is the answer's)."""
     from hone.agents.calculator import calculator  # late: only traces need it; it loads JAX
     from hone.agents.parsers import HermesParser, ToolCall
-    from hone.agents.tasks import COUNTDOWN_SYSTEM_PROMPT
+    from hone.agents.tasks import COUNTDOWN_SYSTEM_PROMPT, checked_result
     from hone.agents.tools import describe_tools, tool_schema
     system = COUNTDOWN_SYSTEM_PROMPT + "\n\n" + describe_tools([tool_schema(calculator)])
     parser, rng, records = HermesParser(), random.Random(seed + 1), []
@@ -131,15 +137,20 @@ def countdown_traces(n: int, seed: int) -> list[dict]:
         right = rng.choice([e for e, v in every if v == target])
         tries = [right]
         wrong = [e for e, v in every if v != target]
-        if rng.random() < 0.5 and wrong:
+        if checked:
+            tries[:0] = rng.sample(wrong, min(rng.randrange(3), len(wrong)))
+        elif rng.random() < 0.5 and wrong:
             tries.insert(0, rng.choice(wrong))
+        example = {"numbers": list(numbers), "target": target}
         messages = [{"role": "system", "content": system},
                     {"role": "user", "content": prompt(numbers, target)}]
         for expression in tries:
+            result = calculator(expression)
             messages += [
                 {"role": "assistant", "content": parser.format(
                     [ToolCall("calculator", {"expression": expression})])},
-                {"role": "tool", "name": "calculator", "content": calculator(expression)}]
+                {"role": "tool", "name": "calculator", "content": (
+                    checked_result(example, expression, result) if checked else result)}]
         messages.append({"role": "assistant", "content": f"Answer: {right}"})
         records.append({"messages": messages})
     return records
@@ -161,3 +172,7 @@ def countdown_eval() -> list[dict]:
 
 def countdown_agent_traces() -> list[dict]:
     return countdown_traces(_SIZES["train"], seed=54)
+
+
+def countdown_checked_traces() -> list[dict]:
+    return countdown_traces(_SIZES["train"], seed=54, checked=True)

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from hone.agents.calculator import calculator
 from hone.agents.parsers import HermesParser, ToolCall
-from hone.agents.tasks import COUNTDOWN_SYSTEM_PROMPT, Countdown, expression_reward
+from hone.agents.tasks import (COUNTDOWN_SYSTEM_PROMPT, CheckedCountdown, Countdown,
+                               checked_result, expression_reward)
 from hone.agents.tools import describe_tools
 from hone.datasets import BUILTIN
 from hone.datasets.countdown import (HIGH, LOW, TARGET_HIGH, TARGET_LOW, countdown_examples,
@@ -96,16 +97,21 @@ def test_bundled_puzzles_are_solvable_distinct_and_split():
     assert countdown_examples(5, seed=52, split="validation") == sets["countdown-validation"][:5]
 
 
-def test_traces_play_to_reward_one_through_the_environment():
+@pytest.mark.parametrize("checked", [False, True])
+def test_traces_play_to_reward_one_through_the_environment(checked):
+    """Plain traces try once or twice, checked ones one to three times (each result saying
+    whether it solved the puzzle); either kind replays message for message through its
+    environment and ends with reward 1."""
     fmt = HermesParser().format
-    traces = countdown_traces(40, seed=9)
-    assert 0 < sum(len(t["messages"]) == 7 for t in traces) < 40  # some try twice, some once
+    traces = countdown_traces(40, seed=9, checked=checked)
+    tries = Counter((len(t["messages"]) - 3) // 2 for t in traces)
+    assert sorted(tries) == ([1, 2, 3] if checked else [1, 2])
     for record in traces:
         system, user, *turns, final = record["messages"]
         numbers = [int(n) for n in re.findall(r"\d+", user["content"])]
         example = {"prompt": user["content"], "numbers": numbers[:3], "target": numbers[3]}
         assert split_of(example["numbers"], example["target"]) == "train"
-        env = Countdown(runner="inline")
+        env = (CheckedCountdown if checked else Countdown)(runner="inline")
         assert system["content"] == (COUNTDOWN_SYSTEM_PROMPT + "\n\n"
                                      + describe_tools(env.tools))
         env.reset(example)
@@ -114,9 +120,14 @@ def test_traces_play_to_reward_one_through_the_environment():
             assert call["content"] == fmt([ToolCall("calculator", {"expression": expression})])
             step = env.step(call["content"])
             assert step.messages == [result] and not step.done
-        assert turns[-1]["content"] == str(example["target"])  # the last try makes it
-        if len(turns) == 4:
-            assert turns[1]["content"] != str(example["target"])  # the first did not
+        target = str(example["target"])  # the last try makes it, the ones before it did not
+        if checked:
+            assert turns[-1]["content"] == f"{target}: the target. Answer with this expression."
+            assert all(t["content"].endswith(f": not the target {target}. Try another.")
+                       for t in turns[1:-2:2])
+        else:
+            assert turns[-1]["content"] == target
+            assert all(t["content"] != target for t in turns[1:-2:2])
         step = env.step(final["content"])
         assert step.done and step.reward == 1.0
 
@@ -150,25 +161,53 @@ def test_counters_tell_a_checked_answer_from_a_guess():
     assert env.step("Answer: 1").info == {"unchecked_answers": 1}
 
 
+def test_checked_results_say_whether_the_try_solved_the_puzzle():
+    call = lambda expr: HermesParser().format(  # noqa: E731
+        [ToolCall("calculator", {"expression": expr})])
+    env = CheckedCountdown(runner="inline")
+    env.reset(PUZZLE)
+    said = lambda expr: env.step(call(expr)).messages[0]["content"]  # noqa: E731
+    assert said("3 + 7 + 25") == "35: not the target 46. Try another."
+    assert said("25 + 21") == "46: the target, but not with each given number once. Try another."
+    step = env.step(call("(3 * 7) + 25"))
+    assert step.messages[0]["content"] == "46: the target. Answer with this expression."
+    assert step.info == {"tool_calls": 1, "target_hits": 1}
+    step = env.step("Answer: (3 * 7) + 25")
+    assert step.done and step.reward == 1.0
+    env.reset(PUZZLE)  # errors and other tools' results are shown as they are
+    assert said("3 +").startswith("error: ")
+    assert checked_result(PUZZLE, None, "46") == (
+        "46: the target, but not with each given number once. Try another.")
+    assert Countdown(runner="inline").annotate(ToolCall("calculator", {}), "35") == "35"
+
+
 @pytest.mark.real_model
-def test_configs_fit_the_openings_and_traces_in_smollm2s_template():
+@pytest.mark.parametrize("task", ["countdown", "countdown-checked"])
+def test_configs_fit_the_openings_and_traces_in_smollm2s_template(task):
+    """The configs with the settings benchmarks/agent_selection.py gives each task."""
+    import sys
     from pathlib import Path
 
     from hone.config import COMMANDS, load_config
     from hone.tokenizer import load_tokenizer
-    root = Path(__file__).resolve().parents[2] / "configs" / "smollm2"
-    sft = load_config(COMMANDS["sft"], str(root / "agent_countdown_sft.yaml"), [])
-    grpo = load_config(COMMANDS["grpo"], str(root / "agent_countdown_grpo.yaml"), [])
-    assert grpo.agent.environment == "hone.agents.tasks:Countdown"
-    assert sft.data.path == "builtin:countdown-traces" and grpo.data.path == "builtin:countdown"
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "benchmarks"))
+    from agent_selection import TASKS
+    t = TASKS[task]
+    sft = load_config(COMMANDS["sft"], str(root / t["sft"]), t.get("sft_set", []))
+    grpo = load_config(COMMANDS["grpo"], str(root / t["grpo"]), t.get("grpo_task_set", []))
+    checked = task == "countdown-checked"
+    assert grpo.agent.environment == ("hone.agents.tasks:CheckedCountdown" if checked
+                                      else "hone.agents.tasks:Countdown")
+    assert sft.data.path == t["traces"] and grpo.data.path == "builtin:countdown"
     tok = load_tokenizer(sft.model.source)
     count = lambda messages, more: len(tok.encode(  # noqa: E731
         tok.apply_chat_template(messages, add_generation_prompt=more)))
-    traces = countdown_traces(200, seed=54)
+    traces = countdown_traces(200, seed=54, checked=checked)
     assert max(count(t["messages"], False) for t in traces) <= sft.data.max_length
     openings = [count(t["messages"][:2], True) for t in traces]
     assert max(openings) <= grpo.grpo.max_prompt_tokens
     # three tries of the longest form with their results, and an answer, fit an episode
     longest = max(traces, key=lambda t: count(t["messages"], False))
-    tries = [m for m in longest["messages"][2:-1]][:2] * 3 + [longest["messages"][-1]]
+    tries = [m for m in longest["messages"][2:-1]][-2:] * 3 + [longest["messages"][-1]]
     assert count(longest["messages"][:2] + tries, False) <= grpo.agent.max_episode_tokens

@@ -23,7 +23,8 @@ def test_registry_names_and_sizes():
                                         "calculator-agent-eval-wordings",
                                         "calculator-agent-validation",
                                         "calculator-traces", "countdown", "countdown-eval",
-                                        "countdown-traces", "countdown-validation",
+                                        "countdown-traces", "countdown-checked-traces",
+                                        "countdown-validation",
                                         "guess-number", "guess-number-eval"}
     for name in SETS:
         assert len(BUILTIN[name]()) == (200 if name.endswith("-eval") else 2000)

@@ -134,6 +134,7 @@ def main() -> None:
                         "runs/bench-agent-selection-TASK (others)")
     parser.add_argument("--write", action="store_true", help="write the RESULTS.md section")
     args = parser.parse_args()
+    args.test_questions = args.test_questions or args.questions
     from hone.data.loader import load_records
 
     task = TASKS[args.task]
@@ -150,14 +151,14 @@ def main() -> None:
         f"{platform.machine()}, {platform.system()}", "questions": args.questions,
         "lengths": lengths, "steps": args.steps, "every": args.every, "task": args.task,
         "grpo_set": args.grpo_set, "step_offset": args.step_offset,
-        "test_questions": args.test_questions or args.questions})
+        "test_questions": args.test_questions})
     validation = load_records(task["validation"], None, args.questions)
     step_validation = task["validation"]
     if args.step_offset:
         step_validation = str(out / "step-validation.jsonl")
-        chosen_by = load_records(task["validation"], None, args.step_offset + args.questions)
+        records = load_records(task["validation"], None, args.step_offset + args.questions)
         Path(step_validation).write_text("".join(
-            json.dumps(r) + "\n" for r in chosen_by[args.step_offset:]))
+            json.dumps(r) + "\n" for r in records[args.step_offset:]))
     cfg = grpo_config(task, args.grpo_set)
     if args.title:
         task = {**task, "title": args.title}
@@ -203,7 +204,7 @@ def main() -> None:
 
     # 3. the test sets, once, on the chosen models
     for name, source in task["tests"].items():
-        records = load_records(source, None, args.test_questions or args.questions)
+        records = load_records(source, None, args.test_questions)
         measure(results, path, f"test_{name}_warm", lambda r=records: agent_row(str(warm), cfg, r))
         measure(results, path, f"test_{name}_grpo",
                 lambda r=records: agent_row(str(chosen), cfg, r))

@@ -19,3 +19,14 @@ def one_group_varies(prompts, completions, **columns):
     """1 for every sample whose prompt is the batch's first, with alternating values, else 0:
     only the first group has differing rewards (dynamic sampling must refill the rest)."""
     return [float(p == prompts[0] and i % 2) for i, p in enumerate(prompts)]
+
+
+# Calls of `varies_on_first_call` so far in this process; a test sets it to 0 before a run.
+FIRST_CALL = {"calls": 0}
+
+
+def varies_on_first_call(prompts, completions, **columns):
+    """The first call: 0, 1, 0, 1, ... (every group of an even size has rewards that differ);
+    every later call: all 0 (no group differs, so every advantage is 0)."""
+    FIRST_CALL["calls"] += 1
+    return [float(FIRST_CALL["calls"] == 1 and i % 2) for i in range(len(completions))]

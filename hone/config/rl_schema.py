@@ -208,6 +208,11 @@ class GRPOSection(RolloutKeys):
     # DAPO dynamic sampling: drop groups whose rewards are all equal and refill with new
     # prompts (agent episodes too), up to this many extra generation rounds per step; 0 = off.
     dynamic_sampling_rounds: int = field(default=0, metadata={"min": 0})
+    # Withhold an update whose gradient is exactly zero (every group's rewards equal, no KL
+    # or other term): the weights and the optimizer's moments stay, where Adam would still
+    # move the weights by its momentum; the step counter and data move on, and the row logs
+    # update_skipped. Off: the update is applied as optax computes it.
+    skip_zero_updates: bool = False
     # Truncated importance sampling: weight tokens by min(pi_trainer / pi_sampler, cap);
     # None = off.
     tis_cap: float | None = field(default=None, metadata={"gt": 0.0})

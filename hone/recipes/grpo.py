@@ -91,7 +91,7 @@ def run_grpo(cfg: GRPOConfig, *, log=print):
         lambda b: policy_loss_denominator(b["loss_mask"], grpo.loss_agg,
                                           max_len=completion_width(cfg)),
         optimizer, schedule, accum=cfg.train.grad_accum, precision=cfg.train.precision,
-        epochs=grpo.iterations, layout=layout,
+        epochs=grpo.iterations, layout=layout, skip_zero=grpo.skip_zero_updates,
         score=make_scoring(cfg, graphdef, params, None if reference else mode))
 
     groups = cfg.train.batch_size // grpo.group_size

@@ -15,6 +15,14 @@ is a whole rollout ([B, L] rows plus per-sequence advantages or rewards). Inside
 3. `finish(state, batch, metrics) -> state`: state changes after the updates (the adaptive KL
    coefficient, an EMA reference).
 
+`skip_zero=True` (`grpo.skip_zero_updates`) withholds an update whose gradient is exactly zero:
+a batch in which every group's rewards are equal gives every row a zero advantage, and with no
+KL or other term the policy loss's gradient is then exactly zero, yet an Adam update would
+still move the weights by its momentum (and its moments would decay), so a run of such steps
+keeps drifting in the direction of the last informative one. The weights, the optimizer state
+and the guard state stay as they were, the step counter moves on (step N still consumes batch
+N), and the row logs `update_skipped` (the fraction of the step's updates withheld).
+
 Metrics are the mean over the updates, except the keys in `FIRST_ONLY` (measured on the weights
 that sampled the rollout) which are taken from the first update.
 """
@@ -45,9 +53,21 @@ def chunked(fn: Callable, batch: dict, chunks: int):
 def make_rl_step(graphdef, template, loss_fn, normalizer_fn, optimizer, schedule, *,
                  accum: int, precision: str, epochs: int = 1, minibatches: int = 1,
                  score: Callable | None = None, finish: Callable | None = None,
-                 layout=None):
-    update = update_fn(graphdef, template, loss_fn, normalizer_fn, optimizer, schedule,
-                       accum=accum, precision=precision, layout=layout)
+                 layout=None, skip_zero: bool = False):
+    plain = update_fn(graphdef, template, loss_fn, normalizer_fn, optimizer, schedule,
+                      accum=accum, precision=precision, layout=layout)
+
+    def update(state, frozen, mb, aux):
+        new, metrics = plain(state, frozen, mb, aux)
+        if not skip_zero:
+            return new, metrics
+        applied = metrics["grad_norm"] != 0  # a NaN norm is applied: the guard's to handle
+        kept = jax.tree.map(lambda n, o: jnp.where(applied, n, o),
+                            {k: v for k, v in new.items() if k != "step"},
+                            {k: state[k] for k in new if k != "step"})
+        return dict(kept, step=new["step"]), dict(
+            metrics, update_skipped=1.0 - applied.astype(jnp.float32))
+
     updates = epochs * minibatches
 
     def step(state, frozen, batch, aux=None):

@@ -6,6 +6,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -148,6 +149,34 @@ def test_dynamic_sampling_refills_groups_whose_rewards_are_equal(tmp_path):
     # 3 of the first round's 4 groups have equal rewards; each round adds one varying group.
     assert row["zero_std_fraction"] == 0.75
     assert row["refill_rounds"] == 2
+
+
+def test_skip_zero_updates_withholds_an_update_whose_gradient_is_zero(tmp_path):
+    """grpo.skip_zero_updates with beta 0: step 1's groups differ (an update), step 2's rewards
+    are all 0, so every advantage and the gradient are exactly 0. Withheld, step 2 leaves the
+    weights and Adam's moments as step 1 left them; applied (the default), Adam's momentum
+    still moves the weights."""
+    def run(name, steps, *extra):
+        rl_toy_rewards.FIRST_CALL["calls"] = 0
+        cfg = config(GRPOConfig, "grpo", tmp_path / name, f"train.max_steps={steps}",
+                     "data.eval_path=null", "grpo.beta=0.0", "rewards.answer_match=0",
+                     "rewards.length=0", "rewards.functions=[rl_toy_rewards:varies_on_first_call]",
+                     "train.schedule=constant", *extra)  # one program for 1 and 2 steps
+        _, state, _ = run_grpo(cfg, **QUIET)
+        return jax.device_get(state), rows(tmp_path / name)
+
+    one, _ = run("one", 1, "grpo.skip_zero_updates=true")
+    two, logged = run("two", 2, "grpo.skip_zero_updates=true")
+    plain, plain_rows = run("plain", 2)
+    assert [r["update_skipped"] for r in logged] == [0.0, 1.0]
+    assert logged[0]["grad_norm"] > 0 and logged[1]["grad_norm"] == 0.0
+    assert int(two["step"]) == 2 and "update_skipped" not in plain_rows[1]
+    assert plain_rows[1]["grad_norm"] == 0.0
+    for key in ("params", "opt_state"):
+        jax.tree.map(np.testing.assert_array_equal, two[key], one[key])
+    moved = max(float(np.max(np.abs(a - b))) for a, b in zip(
+        jax.tree.leaves(plain["params"]), jax.tree.leaves(one["params"])))
+    assert moved > 1e-4  # a zero-gradient Adam step at lr 3e-3: up to lr per weight
 
 
 # GRPO's resume is the SIGKILL fault test's (tests/train/test_fault_script.py); PPO's here,

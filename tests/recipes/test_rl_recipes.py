@@ -202,10 +202,13 @@ def test_sigterm_mid_run_resumes_exactly(name, cls, extra, tmp_path):
     cfg = config(cls, name, tmp_path / "stopped", *common)
     with pytest.raises(Interrupted):
         run(cfg, **QUIET)
-    # Step 3's rollout runs during update 2 when the rollouts are a version behind.
+    # Step 3's rollout runs during update 2 when the rollouts are a version behind: the run
+    # stops after update 2 when the signal lands during it, or after update 3 when update 2
+    # ended first (a loaded machine: seen once in the whole suite on 2 cores). Either way the
+    # resumed run must equal the straight one, row for row and bit for bit (below).
     lagged = any(x.endswith("max_staleness=1") for x in extra)
-    saved = "2" if lagged else "3"
-    assert (tmp_path / "stopped" / "checkpoints" / saved).exists()
+    saved = [p.name for p in (tmp_path / "stopped" / "checkpoints").iterdir() if p.name.isdigit()]
+    assert saved in (["2"], ["3"]) if lagged else saved == ["3"], saved
     _, resumed, _ = run(cfg, **QUIET)
     drop = ("rollout_s", "update_s", "tokens_per_s", "step_s", "rollout_wait_s", "overlap_s")
     clean = lambda m: [{k: v for k, v in r.items() if k not in drop} for r in m]  # noqa: E731

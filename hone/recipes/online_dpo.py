@@ -50,7 +50,7 @@ from hone.train.loop import LoopSpec, run_loop
 from hone.train.reference import reference_mode, reference_model
 from hone.train.scoring import branch_logprobs
 from hone.train.state import tree_bytes
-from hone.train.step import update_fn
+from hone.train.step import update_fn, withhold
 
 _PAIR_SUMS = ("rewards_chosen", "rewards_rejected", "margin", "accuracy")
 
@@ -97,10 +97,7 @@ def make_online_step(cfg: DPOConfig, graphdef, template, loss_fn, optimizer, sch
     def step(state, frozen, batch, aux=None):
         new, metrics = update(state, frozen, batch, aux)
         usable = jnp.sum(batch["pair_valid"]) > 0
-        kept = jax.tree.map(lambda a, b: jnp.where(usable, a, b),
-                            {k: v for k, v in new.items() if k != "step"},
-                            {k: state[k] for k in new if k != "step"})
-        return dict(kept, step=new["step"]), dict(
+        return withhold(usable, new, state), dict(
             metrics, update_skipped=1.0 - usable.astype(jnp.float32))
 
     return jax.jit(step, donate_argnums=(0,))

@@ -34,7 +34,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from hone.train.step import update_fn
+from hone.train.step import update_fn, withhold
 
 # Metrics that describe the sampling weights: read from the first update only.
 FIRST_ONLY = ("sampler_gap_sum", "sampler_gap_sq_sum", "entropy_sum")
@@ -62,10 +62,7 @@ def make_rl_step(graphdef, template, loss_fn, normalizer_fn, optimizer, schedule
         if not skip_zero:
             return new, metrics
         applied = metrics["grad_norm"] != 0  # a NaN norm is applied: the guard's to handle
-        kept = jax.tree.map(lambda n, o: jnp.where(applied, n, o),
-                            {k: v for k, v in new.items() if k != "step"},
-                            {k: state[k] for k in new if k != "step"})
-        return dict(kept, step=new["step"]), dict(
+        return withhold(applied, new, state), dict(
             metrics, update_skipped=1.0 - applied.astype(jnp.float32))
 
     updates = epochs * minibatches

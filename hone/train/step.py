@@ -108,6 +108,17 @@ def merge(graphdef, template, params, frozen, precision: str, dropout_key=None):
     return model
 
 
+def withhold(applied: jax.Array, new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
+    """Inside a jitted step: `new` (the state after an update) where `applied`, else `old`'s
+    weights, optimizer and guard state (every entry but the step counter, which moves on so
+    that step N still consumes batch N). For updates withheld on purpose: an Adam step on a
+    zero gradient would still move the weights."""
+    kept = jax.tree.map(lambda n, o: jnp.where(applied, n, o),
+                        {k: v for k, v in new.items() if k != "step"},
+                        {k: old[k] for k in new if k != "step"})
+    return dict(kept, step=new["step"])
+
+
 def make_train_step(graphdef, template, loss_fn: LossFn, normalizer_fn: NormalizerFn,
                     optimizer: optax.GradientTransformation, schedule: optax.Schedule, *,
                     accum: int, precision: str = "fp32", split=row_split, layout=None):

@@ -6,16 +6,24 @@ other. A lag's cost is the difference of its mean over seeds from staleness 0's;
 is the spread of the synchronous seeds.
 
     .venv/bin/python benchmarks/async_learning.py [--steps 12] [--seeds 0,1,2]
-        [--staleness 0,1,2] [key=value ...]
+        [--staleness 0,1,2] [--in-process] [--out rows.jsonl] [key=value ...]
 
 Extra arguments are config overrides applied to every run (e.g. grpo.tis_cap=2.0). The runs are
 deterministic, so a (staleness, seed) pair measured before can be left out with --skip S:SEED
 and its recorded figure added by hand.
+
+--in-process runs each `hone grpo` in this process instead of a subprocess: on an accelerator,
+where a run's steps take seconds and opening the device, importing and compiling dominate, the
+runs share the opened device and (with JAX_COMPILATION_CACHE_DIR set) the compiled programs.
+A run's numbers do not depend on which of the two forms ran it. --out appends each finished
+run's row to a file as it ends, so a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import statistics
 import subprocess
@@ -27,14 +35,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(staleness: int, seed: int, steps: int, run_dir: Path, extra: list[str]) -> dict:
-    cmd = [sys.executable, "-m", "hone.cli", "grpo", "--config",
-           str(ROOT / "configs/smollm2/grpo_lora.yaml"), f"run_dir={run_dir}",
-           f"train.max_steps={steps}", f"train.eval_every={steps}",
-           f"checkpoint.every_steps={steps}", "log.sinks=[jsonl]", f"train.seed={seed}",
-           f"grpo.max_staleness={staleness}", *extra]
+def run(staleness: int, seed: int, steps: int, run_dir: Path, extra: list[str],
+        in_process: bool = False) -> dict:
+    args = ["grpo", "--config", str(ROOT / "configs/smollm2/grpo_lora.yaml"),
+            f"run_dir={run_dir}", f"train.max_steps={steps}", f"train.eval_every={steps}",
+            f"checkpoint.every_steps={steps}", "log.sinks=[jsonl]", f"train.seed={seed}",
+            f"grpo.max_staleness={staleness}", *extra]
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    if in_process:
+        from hone.cli import main as hone_main
+
+        with contextlib.redirect_stdout(io.StringIO()):
+            code = hone_main(args)
+        if code:
+            raise SystemExit(f"hone {' '.join(args)} exited with {code}")
+    else:
+        subprocess.run([sys.executable, "-m", "hone.cli", *args], check=True,
+                       stdout=subprocess.DEVNULL)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = {r["step"]: r["eval_accuracy"] for r in rows if "eval_accuracy" in r}
     trained = [r for r in rows if "reward_mean" in r]
@@ -55,18 +72,25 @@ def main():
     ap.add_argument("--staleness", type=_ints, default=[0, 1, 2])
     ap.add_argument("--skip", action="append", default=[],
                     help="S:SEED, a run to leave out (measured before)")
+    ap.add_argument("--in-process", action="store_true",
+                    help="each run in this process (shares the device and compiled programs)")
+    ap.add_argument("--out", type=Path, help="append each run's row to this JSONL file")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     skip = {tuple(_ints(x.replace(":", ","))) for x in args.skip}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for staleness in args.staleness:
-            for seed in args.seeds:
+        # Seed by seed, each seed's lags together: a sweep cut short leaves whole pairs.
+        for seed in args.seeds:
+            for staleness in args.staleness:
                 if (staleness, seed) in skip:
                     continue
                 rows.append(run(staleness, seed, args.steps, Path(tmp) / f"s{staleness}-{seed}",
-                                args.overrides))
+                                args.overrides, args.in_process))
                 print(json.dumps(rows[-1]), flush=True)
+                if args.out:
+                    with args.out.open("a") as f:
+                        f.write(json.dumps(rows[-1]) + "\n")
     print("| max_staleness | seed | held-out before | after | mean sampled reward | "
           "max offpolicy_k3 | wall s |")
     print("|---|---|---|---|---|---|---|")

@@ -7,6 +7,7 @@ is the spread of the synchronous seeds.
 
     .venv/bin/python benchmarks/async_learning.py [--steps 12] [--seeds 0,1,2]
         [--staleness 0,1,2] [--in-process] [--out rows.jsonl] [key=value ...]
+    .venv/bin/python benchmarks/async_learning.py --summarize rows.jsonl [more.jsonl ...]
 
 Extra arguments are config overrides applied to every run (e.g. grpo.tis_cap=2.0). The runs are
 deterministic, so a (staleness, seed) pair measured before can be left out with --skip S:SEED
@@ -25,6 +26,7 @@ import argparse
 import contextlib
 import io
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -75,8 +77,14 @@ def main():
     ap.add_argument("--in-process", action="store_true",
                     help="each run in this process (shares the device and compiled programs)")
     ap.add_argument("--out", type=Path, help="append each run's row to this JSONL file")
+    ap.add_argument("--summarize", type=Path, nargs="+", metavar="ROWS",
+                    help="run nothing: summarize rows recorded with --out")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
+    if args.summarize:
+        summarize([json.loads(line) for path in args.summarize
+                   for line in path.read_text().splitlines() if line.strip()])
+        return
     skip = {tuple(_ints(x.replace(":", ","))) for x in args.skip}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -91,25 +99,49 @@ def main():
                 if args.out:
                     with args.out.open("a") as f:
                         f.write(json.dumps(rows[-1]) + "\n")
+    summarize(rows)
+
+
+def summarize(rows: list[dict]) -> None:
+    """The runs' table, each lag's mean and spread, and each lag's cost paired by seed: the mean
+    over the seeds run both at that lag and at staleness 0 of the difference in held-out
+    accuracy, with its standard error."""
     print("| max_staleness | seed | held-out before | after | mean sampled reward | "
           "max offpolicy_k3 | wall s |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['staleness']} | {r['seed']} | {r['before']:.1%} | {r['after']:.1%} | "
               f"{r['reward_mean']:.3f} | {r['offpolicy_k3']:.2e} | {r['wall_s']:.0f} |")
-    after = {s: [r["after"] for r in rows if r["staleness"] == s] for s in args.staleness}
-    after = {s: values for s, values in after.items() if values}
-    for s, values in after.items():
+    after = {}
+    for r in rows:
+        after.setdefault(r["staleness"], {})[r["seed"]] = r["after"]
+    # Means and spreads over the seeds run at every lag, so that the lags compare like for like.
+    complete = set.intersection(*(set(by_seed) for by_seed in after.values())) if after else set()
+    left_out = sum(len(set(by_seed) - complete) for by_seed in after.values())
+    if left_out:
+        print(f"{left_out} run(s) of seeds not run at every lag: left out of the means below")
+    after = {s: {seed: v for seed, v in by_seed.items() if seed in complete}
+             for s, by_seed in after.items()}
+    for s, by_seed in sorted(after.items()):
+        if not by_seed:
+            continue
+        values = list(by_seed.values())
+        spread = f", standard deviation {statistics.stdev(values) * 100:.1f} points" \
+            if len(values) > 1 else ""
         print(f"staleness {s}: mean {statistics.mean(values):.1%} over {len(values)} seeds, "
-              f"{min(values):.1%} to {max(values):.1%}")
-    sync = after.get(0, [])
+              f"{min(values):.1%} to {max(values):.1%}{spread}")
+    sync = after.get(0, {})
     if len(sync) > 1:
-        print(f"noise band (synchronous seeds): {(max(sync) - min(sync)) * 100:.1f} points")
-    for s, values in after.items():
-        if s and sync:
-            print(f"staleness {s} - staleness 0, means: "
-                  f"{(statistics.mean(values) - statistics.mean(sync)) * 100:+.1f} points "
-                  f"(goal within 3)")
+        print(f"noise band (synchronous seeds): {(max(sync.values()) - min(sync.values())) * 100:.1f}"
+              f" points")
+    for s, by_seed in sorted(after.items()):
+        diffs = [(by_seed[seed] - sync[seed]) * 100 for seed in by_seed if s and seed in sync]
+        if not diffs:
+            continue
+        error = (f", standard error {statistics.stdev(diffs) / math.sqrt(len(diffs)):.1f}"
+                 if len(diffs) > 1 else "")
+        print(f"staleness {s} - staleness 0, paired over {len(diffs)} seeds: "
+              f"{statistics.mean(diffs):+.1f} points{error} (goal within 3)")
 
 
 if __name__ == "__main__":

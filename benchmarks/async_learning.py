@@ -132,12 +132,13 @@ def summarize(rows: list[dict]) -> None:
               f"{min(values):.1%} to {max(values):.1%}{spread}")
     sync = after.get(0, {})
     if len(sync) > 1:
-        print(f"noise band (synchronous seeds): {(max(sync.values()) - min(sync.values())) * 100:.1f}"
-              f" points")
+        band = max(sync.values()) - min(sync.values())
+        print(f"noise band (synchronous seeds): {band * 100:.1f} points")
     for s, by_seed in sorted(after.items()):
-        diffs = [(by_seed[seed] - sync[seed]) * 100 for seed in by_seed if s and seed in sync]
-        if not diffs:
+        if not s or not sync:
             continue
+        # Every lag holds the same (complete) seeds by now.
+        diffs = [(by_seed[seed] - sync[seed]) * 100 for seed in by_seed]
         error = (f", standard error {statistics.stdev(diffs) / math.sqrt(len(diffs)):.1f}"
                  if len(diffs) > 1 else "")
         print(f"staleness {s} - staleness 0, paired over {len(diffs)} seeds: "

@@ -1,7 +1,8 @@
 """`hone doctor`: what this machine gives hone, before a run is started on it.
 
 One report (a dict; `format_report` prints it): the JAX backend and its devices with their memory
-(the device's own allocator figures where JAX has them, the host's RAM for the CPU), which of
+(the device's own allocator figures where JAX has them, the host's RAM for the CPU), whether the
+code tool's sandbox works here (and what its programs see), which of
 hone's own kernels run here (the CPU decode kernels: hone/kernels/compiler.py decides), which
 attention path `model.attention: auto` takes on this backend (hone/models/attention.py's
 `attention_path`, asked for a short and a long row), and the installed versions against the
@@ -170,6 +171,13 @@ def paged_attention(kernel_report: dict) -> str:
     return text + f"; RL rollouts with engine=auto: {rollout_engine('auto')}"
 
 
+def code_tool() -> dict:
+    """Whether the code tool's sandbox works here (hone/agents/code_sandbox.py probes it)."""
+    from hone.agents.code_tool import sandbox_status
+    status = sandbox_status()
+    return {"confined": status.confined, "why_not": status.reason, "view": list(status.view)}
+
+
 def collect(lock: str | os.PathLike | None = DEFAULT_LOCK) -> dict:
     """The whole report as one JSON-able dict."""
     import jax
@@ -178,7 +186,7 @@ def collect(lock: str | os.PathLike | None = DEFAULT_LOCK) -> dict:
             "process_count": jax.process_count(), "devices": devices(),
             "host_memory": host_memory(), "kernels": (k := kernels()),
             "attention": attention(), "paged_attention": paged_attention(k),
-            "versions": versions(lock)}
+            "code_tool": code_tool(), "versions": versions(lock)}
 
 
 def _gib(n: int | None) -> str:
@@ -206,6 +214,11 @@ def format_report(r: dict) -> str:
                  f"tokens, {a['long_rows']} for longer rows")
     if "paged_attention" in r:
         lines.append(f"rollout engine's attention over pages: {r['paged_attention']}")
+    if "code_tool" in r:
+        c = r["code_tool"]
+        lines.append("code tool: confined; its programs see /" + ", /".join(c["view"])
+                     if c["confined"] else f"code tool: NO SANDBOX here ({c['why_not']}); runs "
+                     "with it refuse to start unless agent.code_tool.unconfined: true")
     if v["lock"] is None:
         lines.append("versions: no lock file found (pass --lock requirements/lock.txt from a "
                      "checkout)")

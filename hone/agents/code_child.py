@@ -11,6 +11,10 @@ It imports only the standard library and forks once:
   the process group even when the host is gone.
 - The runner (its child) lowers its resource limits (soft = hard, so the snippet cannot raise them
   again), installs an audit hook, and executes `snippet.py` as `__main__`.
+- Confined (the config has a `root` plan: hone/agents/code_sandbox.py), the supervisor first
+  builds the run's own root and moves into it (hone/agents/code_root.py, loaded by path), and
+  the runner drops every capability before the program runs: the program sees only the planned
+  files, whatever it does.
 
 The audit hook (`sys.addaudithook`) refuses from Python code: starting processes (fork, exec,
 spawn, os.system, subprocess), signals (os.kill, os.killpg, signal.pthread_kill), sockets, ctypes
@@ -30,6 +34,7 @@ import traceback
 import types
 
 SNIPPET = "snippet.py"  # the code, written by the host into the private folder
+ROOT_CODE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "code_root.py")
 
 # Audit events refused outright (Python 3.11 names; see the "Audit events table" of the docs).
 BLOCKED = frozenset({
@@ -60,8 +65,9 @@ WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 DEVICES = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr"})  # writable outside the folder
 
 
-def make_hook(root: str):
-    """The audit hook for a run whose private folder is `root` (a real path)."""
+def make_hook(roots: tuple):
+    """The audit hook for a run that may write in `roots` (real paths): its private folder, and
+    its private /tmp when confined."""
     # Everything the hook reads is bound here, in its closure: the snippet can reach this
     # module's globals (through frames), and rebinding them must not change the hook.
     blocked, blocked_imports, path_events = BLOCKED, BLOCKED_IMPORTS, dict(PATH_EVENTS)
@@ -76,7 +82,7 @@ def make_hook(root: str):
         if path in devices or path == ":memory:":
             return True
         real = realpath(path)
-        return real == root or real.startswith(root + sep)
+        return any(real == root or real.startswith(root + sep) for root in roots)
 
     def hook(event: str, args: tuple) -> None:
         if event in blocked:
@@ -137,9 +143,27 @@ def set_limits(cfg: dict) -> None:
         resource.setrlimit(which, (min(soft, hard), hard))
 
 
-def run_snippet(cfg: dict, root: str) -> None:
-    """The runner: limits, the hook, then the snippet as __main__. Never returns."""
+def load_root_code():
+    """hone/agents/code_root.py as a module (this script imports nothing of hone by name)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("hone_code_root", ROOT_CODE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_snippet(cfg: dict, root: str, sandbox) -> None:
+    """The runner: limits, no capabilities when confined, the hook, then the snippet as
+    __main__. Never returns."""
     set_limits(cfg)
+    translate = []
+    if sandbox is not None:
+        try:
+            sandbox.confine(cfg["root"])
+        except OSError as err:
+            sys.stderr.write(f"the code tool's sandbox failed: {err}\n")
+            os._exit(125)
+        translate = cfg["root"]["translate"]
     with open(SNIPPET, encoding="utf-8") as f:
         source = f.read()
     try:
@@ -148,7 +172,7 @@ def run_snippet(cfg: dict, root: str) -> None:
         traceback.print_exc(limit=0)
         os._exit(1)
     if cfg["audit_hook"]:
-        sys.addaudithook(make_hook(root))
+        sys.addaudithook(make_hook((root, "/tmp") if sandbox is not None else (root,)))
     main_module = types.ModuleType("__main__")  # the snippet's own __main__, not this script
     main_module.__file__ = SNIPPET
     sys.modules["__main__"] = main_module
@@ -159,9 +183,13 @@ def run_snippet(cfg: dict, root: str) -> None:
     except SystemExit:
         raise
     except BaseException as err:  # the snippet's exception, its traceback without our frames
-        shown = traceback.TracebackException(type(err), err, err.__traceback__)
-        shown.stack = traceback.StackSummary.from_list(
-            [f for f in shown.stack if f.filename != __file__])
+        shown = traceback.TracebackException(type(err), err, err.__traceback__,
+                                             lookup_lines=False)
+        frames = [f for f in shown.stack if f.filename != __file__]
+        for frame in frames:  # the standard library's frames by their paths inside the root
+            if translate and (there := sandbox.inside(frame.filename, translate)):
+                frame.filename = there
+        shown.stack = traceback.StackSummary.from_list(frames)
         sys.stderr.write("".join(shown.format()))
         sys.stderr.flush()
         raise SystemExit(1) from None
@@ -198,12 +226,20 @@ def supervise(pid: int, cfg: dict, status_fd: int) -> None:
 
 def main() -> None:
     cfg = json.loads(sys.argv[1])
+    sandbox = None
+    if cfg.get("root"):
+        sandbox = load_root_code()
+        try:
+            sandbox.enter(cfg["root"])
+        except OSError as err:
+            sys.stderr.write(f"the code tool's sandbox could not be built: {err}\n")
+            os._exit(125)
     root = os.path.realpath(os.getcwd())
     pid = os.fork()
     if pid == 0:
         os.close(cfg["status_fd"])
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-        run_snippet(cfg, root)
+        run_snippet(cfg, root, sandbox)
     supervise(pid, cfg, cfg["status_fd"])
 
 

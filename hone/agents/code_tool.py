@@ -6,14 +6,23 @@ describes it and `ToolEnvironment(tools=[run_python])` runs it in a ToolRunner w
 
 Design choices:
 
-- One run, one process tree: a fresh interpreter (`python -I -u`, the host's executable) in a new
-  session, with a minimal environment (no proxies; HOME and TMPDIR are the run's private folder,
-  which is also its working directory and is removed afterwards), stdin closed.
-- Layers. Hard, enforced by the kernel or this process: resource limits (CPU seconds, address
-  space, file size, open files, processes, no core files), the wall clock and the output cap
-  (the host kills the whole process group and sweeps the session), and, where unprivileged user
-  namespaces work (`unshare`), a network namespace with no interfaces up and a PID namespace, in
-  which the host is invisible and whose processes all die with its first one. Soft: an audit
+- One run, one process tree: a fresh interpreter (`python -I -S -u`, the host's executable, the
+  standard library only) in a new session, with a fixed minimal environment (HOME the private
+  folder, TMPDIR, PATH, the locale; nothing of the host's), stdin closed.
+- Confined (the default, where the kernel allows it): the child runs in new user, mount,
+  network, PID, IPC and UTS namespaces (`unshare`) with a root of its own, built from read-only
+  binds of exactly what the interpreter needs, its private folder read-write, a private /tmp
+  and its own /proc (hone/agents/code_sandbox.py says what is in it); the program cannot read,
+  write or list anything else of the host, reach the network, or see the host's processes,
+  and has no capability over the namespaces it is in. `sandbox="auto"` confines where a probe
+  (once per process) shows the sandbox works and otherwise refuses to run, unless the caller
+  accepts an unconfined tool (`CodeLimits(unconfined=True)`, or the environment variable
+  HONE_CODE_TOOL_UNCONFINED=1, which a run's `agent.code_tool.unconfined: true` sets for its
+  tool workers); `"require"` always refuses without it; `"off"` never confines (tests, trusted
+  code).
+- Layers. Hard, enforced by the kernel or this process: the sandbox, resource limits (CPU
+  seconds, address space, file size, open files, processes, no core files), the wall clock and
+  the output cap (the host kills the whole process group and sweeps the session). Soft: an audit
   hook in the child (hone/agents/code_child.py) that refuses processes, signals, sockets, ctypes
   and writes outside the folder from Python code; it is not a boundary against native code.
 - Output is read incrementally from both pipes into a bounded buffer; past `output_bytes` the run
@@ -39,8 +48,11 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
+from hone.agents.code_sandbox import (PROBE, UNSHARE, WORK, planned_view, root_plan, run_plan,
+                                      unavailable_reason)
+
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "code_child.py")
-UNSHARE = ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child"]
+UNCONFINED_ENV = "HONE_CODE_TOOL_UNCONFINED"  # "1": accept an unconfined tool (module docstring)
 TICK_S = 0.05  # how often the host looks at the clock and counts the run's processes
 EXTRA_PROCESSES = 3  # unshare, the supervisor and the runner, besides the snippet's own
 
@@ -55,7 +67,9 @@ class CodeLimits:
     file_mb: int = 16  # largest file the run may write (RLIMIT_FSIZE)
     max_processes: int = 16  # processes and threads the snippet may add (RLIMIT_NPROC, host count)
     open_files: int = 64  # descriptors per process (RLIMIT_NOFILE)
-    namespaces: Literal["auto", "require", "off"] = "auto"  # user+net+pid namespaces via unshare
+    tmp_mb: int = 64  # size of the confined run's private /tmp (a tmpfs: host memory)
+    sandbox: Literal["auto", "require", "off"] = "auto"  # its own root and namespaces
+    unconfined: bool = False  # with sandbox="auto": run unconfined where no sandbox works here
     audit_hook: bool = True  # the in-child guard against processes, signals, sockets, writes
 
 
@@ -68,19 +82,40 @@ class CodeResult:
     stderr: str
     killed: str | None  # the limit that stopped it: wall_s, cpu_s, output_bytes, max_processes
     output_cut: bool  # stdout + stderr went past output_bytes and were cut there
-    namespaces: bool  # it ran in its own user, network and PID namespaces
+    sandboxed: bool  # it ran confined: its own root and namespaces
 
 
-@functools.lru_cache(maxsize=1)
-def namespaces_available() -> bool:
-    """Whether `unshare` can make unprivileged user, network and PID namespaces here."""
-    if shutil.which("unshare") is None:
+@dataclass(frozen=True)
+class SandboxStatus:
+    """Whether the code tool can confine its child here, and why not."""
+    confined: bool
+    reason: str | None  # why not, when not
+    view: tuple[str, ...]  # the top-level names the child sees (planned, or seen by the probe)
+
+
+class UnconfinedError(RuntimeError):
+    """The code tool would run unconfined (the host readable) and nobody accepted that."""
+
+
+def accepts_unconfined(limits: CodeLimits) -> bool:
+    return limits.unconfined or os.environ.get(UNCONFINED_ENV) == "1"
+
+
+def confined_here(limits: CodeLimits) -> bool:
+    """Whether a run with `limits` is confined; raises UnconfinedError where it must be and
+    cannot (module docstring)."""
+    if limits.sandbox == "off":
         return False
-    try:
-        return subprocess.run(UNSHARE + ["true"], stdin=subprocess.DEVNULL, capture_output=True,
-                              timeout=10).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
+    status = sandbox_status()
+    if status.confined:
+        return True
+    if limits.sandbox == "require" or not accepts_unconfined(limits):
+        raise UnconfinedError(
+            f"the code tool cannot confine the program here ({status.reason}), and would run it "
+            f"with every file of this user readable; accept that with agent.code_tool.unconfined:"
+            f" true (CodeLimits(unconfined=True), or {UNCONFINED_ENV}=1), or run hone where user "
+            f"namespaces work")
+    return False
 
 
 def session_pids(sid: int) -> list[int]:
@@ -125,34 +160,61 @@ def has_exited(pid: int) -> bool:
 
 
 def run_code(code: str, limits: CodeLimits = CodeLimits()) -> CodeResult:
-    """Run Python `code` in a fresh limited process; every outcome is a CodeResult."""
-    if limits.namespaces == "off":
-        use_ns = False
-    else:
-        use_ns = namespaces_available()
-        if limits.namespaces == "require" and not use_ns:
-            raise RuntimeError("the code tool requires user namespaces and `unshare --user "
-                               "--net --pid` does not work here")
-    folder = tempfile.mkdtemp(prefix="hone-code-")
+    """Run Python `code` in a fresh limited process; every outcome is a CodeResult. Raises
+    UnconfinedError where the run must be confined and cannot be."""
+    return _run(code, limits, confined_here(limits))
+
+
+@functools.lru_cache(maxsize=1)
+def sandbox_status() -> SandboxStatus:
+    """Whether a confined run works here: the root plans (hone/agents/code_sandbox.py) and a probe
+    program run in it sees exactly the planned top-level names. Once per process (about one
+    tool call's time)."""
+    reason = unavailable_reason()
+    if reason is not None:
+        return SandboxStatus(False, reason, ())
     try:
+        view = planned_view(root_plan())
+    except (OSError, subprocess.SubprocessError) as err:
+        return SandboxStatus(False, f"the sandbox's root cannot be planned: {err}", ())
+    result = _run(PROBE, CodeLimits(wall_s=10.0, cpu_s=5.0), True)
+    seen = tuple(result.stdout.split())
+    if result.exit_code != 0 or seen != view:
+        detail = (result.stderr.strip().splitlines() or [f"exit code {result.exit_code}"])[-1]
+        if result.exit_code == 0:
+            detail = f"the probe saw {list(seen)}, not {list(view)}"
+        return SandboxStatus(False, f"a sandboxed probe failed: {detail}", seen)
+    return SandboxStatus(True, None, view)
+
+
+def _run(code: str, limits: CodeLimits, confined: bool) -> CodeResult:
+    base = tempfile.mkdtemp(prefix="hone-code-")
+    try:
+        folder = os.path.join(base, "work")  # the private folder; base/root: the new root
+        os.mkdir(folder, 0o700)
         with open(os.path.join(folder, "snippet.py"), "w", encoding="utf-8") as f:
             f.write(code)
-        return _run_in(folder, limits, use_ns)
+        root = None
+        if confined:
+            os.mkdir(os.path.join(base, "root"), 0o700)
+            root = run_plan(root_plan(), folder, os.path.join(base, "root"), limits.tmp_mb)
+        return _run_in(folder, limits, root)
     finally:
-        _remove(folder)
+        _remove(base)
 
 
-def _run_in(folder: str, limits: CodeLimits, use_ns: bool) -> CodeResult:
+def _run_in(folder: str, limits: CodeLimits, root: dict | None) -> CodeResult:
     status_r, status_w = os.pipe()
     cfg = {"status_fd": status_w, "wall_s": limits.wall_s, "cpu_s": limits.cpu_s,
            "memory_mb": limits.memory_mb, "file_mb": limits.file_mb,
            "open_files": limits.open_files, "max_processes": limits.max_processes,
-           "namespaces": use_ns, "audit_hook": limits.audit_hook}
-    argv = [sys.executable, "-I", "-u", CHILD, json.dumps(cfg)]
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": folder, "TMPDIR": folder,
+           "namespaces": root is not None, "audit_hook": limits.audit_hook, "root": root}
+    argv = [sys.executable, "-I", "-S", "-u", CHILD, json.dumps(cfg)]
+    home = folder if root is None else WORK
+    env = {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home if root is None else "/tmp",
            "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
     try:
-        proc = subprocess.Popen(UNSHARE + argv if use_ns else argv, cwd=folder, env=env,
+        proc = subprocess.Popen(UNSHARE + argv if root is not None else argv, cwd=folder, env=env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, pass_fds=(status_w,),
                                 start_new_session=True)
@@ -183,7 +245,7 @@ def _run_in(folder: str, limits: CodeLimits, use_ns: bool) -> CodeResult:
     if exit_code is None and sig is None and not killed and "exit" not in report:
         exit_code = proc.returncode  # no report: the supervisor itself died
     return CodeResult(exit_code, sig, out.decode(errors="replace"), err.decode(errors="replace"),
-                      killed, cut, use_ns)
+                      killed, cut, root is not None)
 
 
 def _watch(proc: subprocess.Popen, status_r: int, limits: CodeLimits):
@@ -284,3 +346,24 @@ def run_python(code: str) -> str:
     """
     limits = CodeLimits()
     return format_result(run_code(code, limits), limits)
+
+
+run_python.uses_code_sandbox = True  # the agent factory checks the sandbox before a run starts
+
+
+def confinement(accept_unconfined: bool) -> str:
+    """The line a run logs once about its code tool; where no sandbox works here, raises
+    UnconfinedError unless `accept_unconfined`, and otherwise lets this process's tool workers
+    (started after this) run unconfined."""
+    status = sandbox_status()
+    if status.confined:
+        return (f"code tool: confined (its own root and user, mount, network and PID "
+                f"namespaces); the program sees /{', /'.join(status.view)} only")
+    if not accept_unconfined:
+        raise UnconfinedError(
+            f"the code tool cannot confine the model's code here ({status.reason}); set "
+            f"agent.code_tool.unconfined: true to run it anyway with every file of this user "
+            f"readable, or run hone where user namespaces work")
+    os.environ[UNCONFINED_ENV] = "1"
+    return (f"code tool: UNCONFINED ({status.reason}): the model's code can read every file "
+            f"this user can (agent.code_tool.unconfined: true)")

@@ -4,8 +4,9 @@
 one); `agent.tools: [package.module:function, ...]` builds a ToolEnvironment over those tools,
 rewarded 1 when the final reply's last number matches the record's answer
 (`rewards.answer_column`). Every mistake (a path that does not import, a class that is not an
-Environment, a tool without type hints, an unknown parser) is an InputError naming the key, raised
-before anything of the run is written. Tool calls run in the process's shared worker pool
+Environment, a tool without type hints, an unknown parser, a code tool that cannot be confined
+here and was not accepted unconfined) is an InputError naming the key, raised before anything of
+the run is written; a run with the code tool logs once what its programs can see. Tool calls run in the process's shared worker pool
 (`hone.agents.tool_runner.default_runner`): no episode starts a process of its own.
 """
 
@@ -58,6 +59,12 @@ def environment_factory(cfg, log=print):
         except (TypeError, ValueError) as err:
             raise InputError(str(err), key=f"agent.tools[{i}]") from err
         tools.append(fn)
+    if any(getattr(fn, "uses_code_sandbox", False) for fn in tools):
+        from hone.agents.code_tool import UnconfinedError, confinement
+        try:
+            log(f"agent: {confinement(a.code_tool.unconfined)}")
+        except UnconfinedError as err:
+            raise InputError(str(err), key="agent.code_tool.unconfined") from err
     parser = parser_from_name(a.parser)
     log(f"agent: tools {', '.join(fn.__name__ for fn in tools)}, up to {a.max_turns} turns")
     return functools.partial(ToolEnvironment, tools, AnswerReward(cfg.rewards.answer_column),

@@ -101,6 +101,14 @@ class RewardsSection:
 
 
 @dataclass(frozen=True)
+class CodeToolSection:
+    # Run the code tool (hone.agents.code_tool:run_python) unconfined where its sandbox cannot
+    # be built (no user namespaces): the model's code can then read every file this user can.
+    # false = such a run refuses to start; where the sandbox works this changes nothing.
+    unconfined: bool = False
+
+
+@dataclass(frozen=True)
 class AgentSection:
     # The environment class or factory "package.module:Name" (a hone.agents.Environment);
     # None with no tools = single-turn RL (no agent).
@@ -151,6 +159,8 @@ class AgentSection:
     endpoint: str | None = None
     # Seconds one rollout's endpoint process may run before it is killed.
     endpoint_timeout_s: float = field(default=600.0, metadata={"gt": 0.0})
+    # The Python code tool's confinement (docs/guides/agents.md, "The code tool").
+    code_tool: CodeToolSection = field(default_factory=CodeToolSection)
 
     @property
     def enabled(self) -> bool:

@@ -3,99 +3,25 @@ loops, memory hogs, floods, writes outside the folder, network, processes, signa
 end with the host process, its process group, its files and its network untouched, no process
 left behind and the private folder gone.
 
-Each hostile snippet runs under every layer setup the machine allows: namespaces and the audit
-hook (the default), the audit hook alone (no `unshare`), and namespaces alone (the hard layers
-without the in-child guard). The control tests run the same snippets with no guard at all, to
+Each hostile snippet runs under every layer setup the machine allows: the sandbox and the audit
+hook (the default), the audit hook alone (no sandbox), and the sandbox alone (the hard layers
+without the in-child guard); tests/agents/test_code_sandbox.py tries what the sandbox hides. The control tests run the same snippets with no guard at all, to
 show that the checks here do see a write or a connection when one gets through; the limits that
 need neither namespaces nor the hook (CPU, memory, output, processes) are also run with neither.
 """
 
 import dataclasses
-import glob
 import os
-import signal
 import socket
-import subprocess
-import tempfile
 import time
-import types
 
 import pytest
+from code_host import AUDITED, HARD, MARK, MODES, SMALL, UNGUARDED
 
-from hone.agents import code_tool
-from hone.agents.code_tool import (CHILD, CodeLimits, format_result, namespaces_available,
-                                   run_code, run_python)
+from hone.agents.code_tool import CodeLimits, format_result, run_code, run_python
 from hone.agents.environment import ToolEnvironment
 from hone.agents.tool_runner import ToolRunner
 from hone.agents.tools import tool_schema
-
-SMALL = dict(wall_s=2.0, cpu_s=1.0, memory_mb=256, output_bytes=4096, file_mb=1, max_processes=8)
-NS = pytest.mark.skipif(not namespaces_available(), reason="no unprivileged user namespaces")
-MODES = {
-    "namespaces+audit": pytest.param(CodeLimits(**SMALL), marks=NS),
-    "audit": CodeLimits(**SMALL, namespaces="off"),
-    "namespaces": pytest.param(CodeLimits(**SMALL, namespaces="require", audit_hook=False),
-                               marks=NS),
-}
-AUDITED = {k: v for k, v in MODES.items() if k != "namespaces"}
-UNGUARDED = CodeLimits(**SMALL, namespaces="off", audit_hook=False)
-# The limits that need neither namespaces nor the hook hold with neither.
-HARD = {**MODES, "rlimits only": UNGUARDED}
-MARK = "4242.5"  # the sleep of a background process a snippet tries to leave behind
-
-
-def leftovers(root: str) -> list[str]:
-    """Processes of this test's code runs still alive: the child script, or anything still
-    working in a private folder (its cwd), or a marked sleeper. A run's processes carry its
-    folder, under `root`, as TMPDIR, so another pytest worker's runs are not counted."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                    continue
-            cwd = os.readlink(f"/proc/{pid}/cwd")
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = f.read().decode(errors="replace")
-        except OSError:
-            continue
-        ours = root in cwd or root in env
-        if ours and (CHILD in cmd or MARK in cmd or "hone-code-" in cwd):
-            found.append(f"{pid}: {cmd[:120]} (cwd {cwd})")
-    return found
-
-
-@pytest.fixture
-def host(tmp_path, monkeypatch):
-    """The host's state before a run, checked after it: the process group (a canary process in
-    it), a file and folder outside the run's folder, SIGUSR1 never delivered, no folders left.
-    The tool's run folders go under this test's own temporary folder, so what another pytest
-    worker runs at the same time is not taken for a leftover."""
-    root = str(tmp_path / "runs")
-    os.mkdir(root)
-    monkeypatch.setattr(code_tool, "tempfile", types.SimpleNamespace(
-        mkdtemp=lambda **kw: tempfile.mkdtemp(dir=root, **kw)))
-    received = []
-    old = signal.signal(signal.SIGUSR1, lambda *a: received.append(1))
-    canary = subprocess.Popen(["sleep", "60"])  # in this process's group
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    (outside / "keep.txt").write_text("original")
-    folders = set(glob.glob(os.path.join(root, "hone-code-*")))
-    yield {"outside": str(outside), "pid": os.getpid(), "pgid": os.getpgid(0)}
-    try:
-        assert canary.poll() is None, "a process in the host's group was killed"
-        assert received == [], "a signal reached the host"
-        assert sorted(os.listdir(outside)) == ["keep.txt"]
-        assert (outside / "keep.txt").read_text() == "original"
-        assert set(glob.glob(os.path.join(root, "hone-code-*"))) <= folders
-        assert leftovers(root) == []
-    finally:
-        canary.kill()
-        canary.wait()
-        signal.signal(signal.SIGUSR1, old)
 
 
 # ---- ordinary programs ------------------------------------------------------------------------
@@ -228,7 +154,7 @@ print(worked)
 """
 
 
-@pytest.mark.parametrize("limits", AUDITED.values(), ids=AUDITED.keys())
+@pytest.mark.parametrize("limits", MODES.values(), ids=MODES.keys())
 def test_writes_outside_the_folder(host, limits):
     result = run_code(writes_outside(host["outside"]), limits)
     assert (result.exit_code, result.stdout) == (0, "[]\n"), result

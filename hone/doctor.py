@@ -168,6 +168,10 @@ def paged_attention(kernel_report: dict) -> str:
     if jax.default_backend() == "tpu":
         text += (" (the Pallas TPU kernel measured slower; PagedEngine(attention='tpu') takes it, "
                  f"for head_dim a multiple of {TPU_HEAD_DIM})")
+    from hone.sampling.windows import default_overlap, default_window
+    text += (f"; decode windows of {default_window()} steps, "
+             f"{'dispatched before the last is read' if default_overlap() else 'read at once'}"
+             f"{', a fixed trip count' if jax.default_backend() == 'gpu' else ''}")
     return text + f"; RL rollouts with engine=auto: {rollout_engine('auto')}"
 
 

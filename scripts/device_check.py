@@ -16,9 +16,12 @@ what it measured):
   deterministic GPU kernels requested, since scatter-adds may otherwise reorder); these run
   first, as subprocesses, before this process opens the device: a TPU admits one process;
 - bench: the `hone bench` rows sft, lora, dpo, decode, grpo (bf16 on an accelerator) with MFU
-  against the device's dense bf16 peak (PEAK_TFLOPS) and against the measured matmul ceiling.
---smoke: the tiny random-init model for logits and generate, no resume, one bench row: the
-code paths run on CPU in CI (tests/test_device_check.py) so the script cannot rot.
+  against the device's dense bf16 peak (PEAK_TFLOPS) and against the measured matmul ceiling;
+  then the rollout rows, long-tail and uniform, on both engines (ROLLOUT_ROWS: tokens/s, the
+  engine's programs and compile seconds, its decode windows and blocking reads).
+--smoke: the tiny random-init model for logits and generate, no resume, one bench row and one
+tiny paged rollout row: the code paths run on CPU in CI (tests/test_device_check.py) so the
+script cannot rot.
 Exit code 0 when every check passes, 1 otherwise. Needs only the repository and installed hone.
 """
 
@@ -56,6 +59,8 @@ FP32_REL, BF16_REL, TOP1_MIN = 1e-4, 5e-2, 0.99
 SHORT_RUNS = {"sft": ["train.max_steps=12", "checkpoint.every_steps=3"],
               "grpo": ["train.max_steps=6", "checkpoint.every_steps=2"]}
 BENCH_ROWS = ("sft", "lora", "dpo", "decode", "grpo")
+ROLLOUT_ROWS = (("long-tail", "static"), ("long-tail", "paged"), ("uniform", "static"),
+                ("uniform", "paged"))  # hone bench rollout's defaults: 32 prompts x 8 samples
 RELEASE_S = 5.0  # the wait after a killed run before the next one opens the device
 
 
@@ -193,10 +198,12 @@ def compare_resume(algo: str, work: Path, runs: dict) -> dict:
             "identical_metrics": same_metrics, "ok": bool(mid_run and same_state and same_metrics)}
 
 
-def bench_row(row: str, smoke: bool, precision: str, peak: float | None) -> dict:
-    """One `hone bench` row, its JSON, and MFU against the device's peak where it is known."""
+def bench_row(row: str, smoke: bool, precision: str, peak: float | None,
+              extra: tuple = ()) -> dict:
+    """One `hone bench` row, its JSON, and MFU against the device's peak where it is known.
+    extra: more of the row's arguments (a rollout's workload and engine)."""
     from hone.bench.command import add_bench_arguments, matmul_ceiling, measure, result
-    argv = [row, "--precision", precision]
+    argv = [row, "--precision", precision, *extra]
     argv += ["--model", "tiny", "--steps", "1", "--batch", "2", "--seq", "16"] if smoke else []
     args = add_bench_arguments(argparse.ArgumentParser()).parse_args(argv)
     got, batch, seq, prompt = measure(args, log=lambda *_: None)
@@ -284,6 +291,11 @@ def run(args) -> dict:
     rows = BENCH_ROWS[:1] if args.smoke else BENCH_ROWS
     for row in rows:
         attempt(f"bench_{row}", lambda row=row: bench_row(row, args.smoke, precision, peak))
+    rollouts = ROLLOUT_ROWS[1:2] if args.smoke else ROLLOUT_ROWS
+    for workload, engine in rollouts:
+        extra = ("--workload", workload, "--engine", engine, "--steps", "1")
+        attempt(f"bench_rollout_{workload}_{engine}", lambda extra=extra: bench_row(
+            "rollout", args.smoke, precision, peak, extra))
     report["memory_after"] = device_memory()
     report["ok"] = all(s.get("ok", True) for s in report["checks"].values())
     report["wall_s"] = round(time.perf_counter() - start, 2)

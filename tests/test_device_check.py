@@ -20,7 +20,8 @@ def test_smoke_run_writes_a_passing_report(tmp_path):
     report = json.loads(out.read_text())
     checks = report["checks"]
     assert report["ok"] and report["smoke"]
-    assert set(checks) == {"logits", "generate", "resume", "bench_sft"}
+    assert set(checks) == {"logits", "generate", "resume", "bench_sft",
+                           "bench_rollout_long-tail_paged"}
     assert report["env"]["backend"] == report["device"]["backend"] == "cpu"
     # Both sides computed on this CPU: the same program, the same numbers.
     for dtype in ("float32", "bfloat16"):
@@ -33,6 +34,12 @@ def test_smoke_run_writes_a_passing_report(tmp_path):
     row = checks["bench_sft"]
     assert (row["row"], row["model"], row["batch"], row["seq"]) == ("sft", "tiny", 2, 16)
     assert 0 < row["mfu"] and row["mfu_vs_peak"] is None  # no peak known for a CPU
+    rollout = checks["bench_rollout_long-tail_paged"]
+    assert (rollout["engine"], rollout["workload"], rollout["later_programs"]) == (
+        "paged", "long-tail", 0)
+    # One blocking read a window; the last window out (stopped rows only) is not read.
+    assert 0 < rollout["windows"] - 1 <= rollout["host_waits"] <= rollout["windows"]
+    assert rollout["programs"] > 0
     # The CPU reference was written by the subprocess and kept in --work.
     assert (tmp_path / "work" / "cpu_reference.npz").is_file()
 

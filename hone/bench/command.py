@@ -95,6 +95,12 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--num-pages", type=int, default=None,
                    help="rollout, paged engine: pages in the pool (default: room for "
                    "--max-seqs sequences of the longest length; fewer preempt when full)")
+    p.add_argument("--window", type=int, default=None,
+                   help="rollout, paged engine: decode steps a window (default: the engine's "
+                   "for this backend)")
+    p.add_argument("--overlap", default=None, choices=("on", "off"),
+                   help="rollout, paged engine: dispatch each window before reading the one "
+                   "before (default: the engine's for this backend)")
     p.add_argument("--beta", type=float, default=0.04,
                    help="grpo: KL coefficient (0: no reference model)")
     p.add_argument("--steps", type=int, default=5,
@@ -192,6 +198,8 @@ def measure(args, log: Callable = print):
         got = rollout_row(args.model, args.workload, args.engine, prompts=batch,
                           generations=args.generations, prompt_len=prompt, limit=seq,
                           max_seqs=args.max_seqs, num_pages=args.num_pages,
+                          window=args.window, overlap=None if args.overlap is None
+                          else args.overlap == "on",
                           **{k: v for k, v in common.items()
                                                      if k != "model"})
     else:

@@ -17,6 +17,12 @@ Engines (--engine):
 tokens_per_s counts the samples' tokens (the sum of the drawn lengths, the same for both
 engines) over the wall time of the whole rollout, prefill included; kv_bytes is the KV cache the
 engine allocated (static: its cache; paged: its page pool); peak_rss_mb the process's peak.
+Paged rows add what the decode windows did over the timed rollouts: `window` and `overlap` (the
+engine's settings), `windows`, `decode_steps`, `host_waits` (blocking reads of the device),
+`wasted_row_steps` (row-steps of stopped rows and padding) of `row_steps`; and, for the first
+rollout and for the timed ones, `programs` (JAX programs traced, jax.monitoring's trace events)
+and `compile_s` (XLA's compile time; a program taken from a persistent compilation cache
+counts as traced, not compiled).
 
 With --tunix (`tunix_row`), the same workload on Tunix's vanilla sampler instead:
 benchmarks/rollout_tunix.py run by the Tunix venv's python (benchmarks/_venvs.py makes it on
@@ -61,14 +67,52 @@ def static_kv_bytes(model, rows: int, slots: int, dtype) -> int:
     return int(sum(rows * cache_len(model, kind, slots) * per_slot for kind in cfg.layer_types))
 
 
+class CompileCounter:
+    """Counts JAX's program traces and sums XLA's compile seconds while it is entered
+    (jax.monitoring listeners; every jitted program of the process, the engine's and any
+    other)."""
+
+    TRACE = "/jax/core/compile/jaxpr_trace_duration"
+    COMPILE = "/jax/core/compile/backend_compile_duration"
+
+    def __init__(self):
+        self.programs, self.compile_s, self.on = 0, 0.0, False
+        import jax.monitoring
+        jax.monitoring.register_event_duration_secs_listener(self._event)
+
+    def _event(self, event: str, duration: float, **_) -> None:
+        if self.on and event == self.TRACE:
+            self.programs += 1
+        elif self.on and event == self.COMPILE:
+            self.compile_s += duration
+
+    def __enter__(self):
+        self.programs, self.compile_s, self.on = 0, 0.0, True
+        return self
+
+    def __exit__(self, *exc):
+        self.on = False
+
+
+_COUNTER: list = []  # one listener a process: jax.monitoring cannot drop a single one
+
+
+def compile_counter() -> CompileCounter:
+    if not _COUNTER:
+        _COUNTER.append(CompileCounter())
+    return _COUNTER[0]
+
+
 def rollout_row(model: str, workload: str, engine: str, *, prompts: int = 32,
                 generations: int = 8, prompt_len: int = 64, limit: int = 512,
                 max_seqs: int = 64, repeats: int = 1, seed: int = 0,
                 num_pages: int | None = None, precision: str = "fp32",
+                window: int | None = None, overlap: bool | None = None,
                 log: Callable = quiet) -> Measured:
     """Time the rollout `repeats` times after a first (compiling) one. num_pages: the paged
     engine's pool (None: its default, room for max_seqs sequences of the longest length).
-    precision: the weights' and caches' dtype, "fp32" or "bf16"."""
+    precision: the weights' and caches' dtype, "fp32" or "bf16". window, overlap: the paged
+    engine's decode window and whether it overlaps the host (None: its defaults here)."""
     import jax
     import jax.numpy as jnp
 
@@ -95,7 +139,7 @@ def rollout_row(model: str, workload: str, engine: str, *, prompts: int = 32,
     else:
         max_seqs = min(max_seqs, prompts * generations)
         paged = PagedEngine(net, max_seqs=max_seqs, max_len=prompt_len + limit,
-                            num_pages=num_pages)
+                            num_pages=num_pages, sync_steps=window, overlap=overlap)
         kv = paged.kv_bytes
         key = jax.random.key(seed)
 
@@ -104,13 +148,21 @@ def rollout_row(model: str, workload: str, engine: str, *, prompts: int = 32,
                                 sample_limits=tuple(lengths[i * generations:(i + 1) * generations]))
                         for i, p in enumerate(ids)]
             return paged.run(requests, temperature=1.0)
-    times = []
+    times, compiles, totals = [], [], {}
+    counter = compile_counter()
     for i in range(1 + repeats):
-        start = time.perf_counter()
         jax.block_until_ready(jnp.zeros(()))
-        out = once()
-        times.append(time.perf_counter() - start)
-        log(f"rollout {i}: {times[-1]:.1f} s")
+        with counter:
+            start = time.perf_counter()
+            out = once()
+            times.append(time.perf_counter() - start)
+        compiles.append((counter.programs, counter.compile_s))
+        if engine == "paged" and (i > 0 or not repeats):
+            for k in ("decode_calls", "decode_steps", "host_waits", "wasted_row_steps",
+                      "row_steps"):
+                totals[k] = totals.get(k, 0) + paged.stats[k]
+        log(f"rollout {i}: {times[-1]:.1f} s, {counter.programs} programs traced, "
+            f"{counter.compile_s:.1f} s compiling")
     made = (sum(len(s.tokens) for row in out for s in row) if engine == "paged"
             else sum(min(len(o.tokens), n) for o, n in zip(out, lengths)))
     tokens = sum(lengths)
@@ -118,10 +170,16 @@ def rollout_row(model: str, workload: str, engine: str, *, prompts: int = 32,
     median = float(np.median(times[1:])) if repeats else times[0]
     extra = {"workload": workload, "engine": engine, "kv_bytes": kv, "generations": generations,
              "limit": limit, "prompt_len": prompt_len, "mean_length": float(np.mean(lengths))}
+    extra.update(programs=compiles[0][0], compile_s=compiles[0][1],
+                 later_programs=sum(c[0] for c in compiles[1:]))
     if engine == "paged":
         extra.update(max_seqs=max_seqs, num_pages=paged.num_pages,
                      preempted=paged.stats["preempted"],
-                     peak_pages=paged.stats["peak_pages"], page_size=paged.page_size)
+                     peak_pages=paged.stats["peak_pages"], page_size=paged.page_size,
+                     window=paged.sync_steps, overlap=paged.overlap,
+                     windows=totals["decode_calls"], decode_steps=totals["decode_steps"],
+                     host_waits=totals["host_waits"], row_steps=totals["row_steps"],
+                     wasted_row_steps=totals["wasted_row_steps"])
     return Measured(first_s=times[0], median_s=median, tokens=tokens,
                     flops=asked_flops(cfg, prompt_len, lengths), extra=extra)
 

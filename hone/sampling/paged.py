@@ -8,11 +8,14 @@ cache). A sequence's page table lists its pages in order; its slot s is page tab
 offset s % P, and its position is its slot: a paged sequence has no padding inside it.
 
 Design choices:
-- One program per shape bucket, whatever the sequences: the decode step takes every slot of
-  the engine ([max_seqs] rows, idle ones write to the trash page and are masked out), and the
-  pages it reads are the first `pages` entries of each page table, `pages` a power of two that
-  covers the longest active sequence. Prefill takes one chunk of one prompt, its length a
-  bucket too. Weights are arguments, so new weights reuse the compiled programs.
+- One program per shape bucket, whatever the sequences: a decode window takes a row bucket of
+  the running sequences (padded rows write to the trash page and are masked out) over their
+  whole page tables. Prefill takes chunks of prompts, their width a bucket too. Weights are
+  arguments, so new weights reuse the compiled programs.
+- Decode windows: `decode_window` runs many decode steps in one program, and what a sequence
+  carries between windows (its pending token, length, index, whether it runs) lives in the
+  engine's places on the device, so a window can go out before the one before it was read
+  (hone/sampling/scheduler.py). `choose_first` draws a sequence's first token into its place.
 - Attention over pages. Decode runs `Attention.attend_step` over the pools themselves: its
   blockwise loop reads one page per row as a block (a gather of [rows] pages), so no row's
   cache is ever copied whole, and only up to the longest row's last page. A block past a row's
@@ -31,7 +34,6 @@ from __future__ import annotations
 
 import collections
 from functools import partial
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -174,45 +176,89 @@ def choose_rows(logits: jax.Array, keys: jax.Array, mode: SamplingMode, temperat
     return jax.vmap(one)(logits, keys)
 
 
-@partial(jax.jit, static_argnames=("mode",))
-def choose_first(logits: jax.Array, key_data: jax.Array, index: jax.Array, mode: SamplingMode,
-                 temperature, top_p) -> tuple[jax.Array, jax.Array, jax.Array]:
+# The engine's places on the device, [S + 1] each (S = max_seqs; place S is where padded rows
+# of a decode window read and write, never a sequence's): what a running sequence carries from
+# one decode window to the next without the host reading it, and the first token drawn for a
+# sequence that starts, kept until the window that starts it reads it out.
+PLACE_FIELDS = {"last": jnp.int32, "length": jnp.int32, "index": jnp.int32, "active": jnp.bool_,
+                "first_token": jnp.int32, "first_logprob": jnp.float32,
+                "first_sampling_logprob": jnp.float32}
+Places = dict[str, jax.Array]
+
+
+def init_places(max_seqs: int, pools: Pools) -> Places:
+    """Zeroed places, on the pools' devices."""
+    places = _zero_places(max_seqs + 1)
+    sharding = pools["k"][0].sharding
+    if isinstance(sharding, NamedSharding) and sharding.mesh.size > 1:
+        places = jax.device_put(places, sharding)
+    return places
+
+
+@partial(jax.jit, static_argnames=("n",))
+def _zero_places(n: int) -> Places:
+    return {name: jnp.zeros((n,), dtype) for name, dtype in PLACE_FIELDS.items()}
+
+
+@partial(jax.jit, static_argnames=("mode",), donate_argnames=("places",))
+def choose_first(logits: jax.Array, key_data: jax.Array, index: jax.Array, places: Places,
+                 place: jax.Array, mode: SamplingMode, temperature, top_p) -> Places:
     """The first tokens of R samples of one prompt from its last logits [V]: row r drawn with
-    fold_in(key r, index r) (key_data [R, ...]: raw keys). One program, not the dozens of small
-    operations an eager draw dispatches (17 ms a group on the 2-core CPU)."""
+    fold_in(key r, index r) (key_data [R, ...]: raw keys), written to its place ([R]) as the
+    pending token and as the first token that the decode window starting it reads out. Stays
+    on the device: nothing is read here. One program, not the dozens of small operations an
+    eager draw dispatches (17 ms a group on the 2-core CPU)."""
+    TRACES["choose_first"] += 1
     keys = jax.vmap(jax.random.fold_in)(jax.random.wrap_key_data(key_data), index)
     rows = jnp.broadcast_to(logits, (index.shape[0],) + logits.shape)
-    return choose_rows(rows, keys, mode, temperature, top_p)
+    token, lp, slp = choose_rows(rows, keys, mode, temperature, top_p)
+    return dict(places, last=places["last"].at[place].set(token),
+                first_token=places["first_token"].at[place].set(token),
+                first_logprob=places["first_logprob"].at[place].set(lp),
+                first_sampling_logprob=places["first_sampling_logprob"].at[place].set(slp))
 
 
-@partial(jax.jit, static_argnames=("graphdef", "mode", "page_size", "steps", "pallas"),
-         donate_argnames=("pools", "state"))
-def decode_steps(graphdef, params, packed, pools: Pools, table, state: dict[str, Any], eos_ids,
-                 temperature, top_p, *, mode: SamplingMode, page_size: int, steps: int,
-                 pallas: str | None = None) -> tuple[Pools, dict[str, Any], dict[str, jax.Array]]:
-    """Up to `steps` decode steps of every slot (table [S, n]: each slot's first n pages); fewer
-    when every slot has stopped.
+@partial(jax.jit, static_argnames=("graphdef", "mode", "page_size", "steps", "pallas", "fixed"),
+         donate_argnames=("pools", "places"))
+def decode_window(graphdef, params, packed, pools: Pools, places: Places, table,
+                  rows: dict[str, jax.Array], eos_ids, temperature, top_p, *, mode: SamplingMode,
+                  page_size: int, steps: int, pallas: str | None = None,
+                  fixed: bool = False) -> tuple[Pools, Places, dict[str, jax.Array]]:
+    """A decode window: `steps` decode steps of R rows (table [R, n]: each row's first n pages)
+    in one program, fewer when every row has stopped (unless `fixed`: XLA:GPU's data-dependent
+    loop reads its predicate on the host every step).
 
-    state, per slot [S]: `last` (the sampled token not yet in the cache), `length` (slots in the
-    cache: `last` goes to slot length), `index` (the token index `last`'s successor gets),
-    `limit` (the index at which the sequence stops), `key` (its sampling key), `active`.
-    Returns the pools, the state after the steps and what each step emitted, [S, steps]:
-    `tokens`, `logprobs`, `sampling_logprobs` and `emitted` (False where a slot was idle).
+    rows, [R]: `place` (the row's place; S for padding), `fresh` (the row starts here: its
+    `length` and `index` are given, else they and `last` and `active` come from its place, as
+    the window before left them), `host_last` (its pending token is given in `last`, else it is
+    the place's: a first token `choose_first` drew), `limit` (the index at which the turn
+    stops) and `key_data` (its sampling key, raw). Per row: `last` (the pending token, not yet
+    in the cache, goes to slot `length`), `index` (the token index `last`'s successor gets).
+    A row that stops mid-window (an end token, its limit) is masked for the rest of it: it
+    writes to the trash page and emits nothing.
+
+    Returns the pools, the places (each row's state written back) and what the window emitted:
+    [R, steps] `tokens`, `logprobs`, `sampling_logprobs`, `emitted` (False where a row was
+    stopped), and [R] the `first_*` token of each row as its place holds it.
     pallas: a route of hone/kernels/pallas_paged.py for the layers without a sliding window
     (None: hone's CPU kernel when `packed`, else XLA's blockwise loop over pages)."""
-    TRACES["decode_steps"] += 1
+    TRACES["decode_window"] += 1
     model = nnx.merge(graphdef, params)
     attach_packed(model, packed)
-    rows, n = table.shape
+    place = rows["place"]
+    held = {name: places[name][place] for name in ("last", "length", "index", "active")}
+    last = jnp.where(rows["host_last"], rows["last"], held["last"])
+    length = jnp.where(rows["fresh"], rows["length"], held["length"])
+    index = jnp.where(rows["fresh"], rows["index"], held["index"])
+    active = jnp.where(rows["fresh"], ~jnp.isin(last, eos_ids) & (index < rows["limit"]),
+                       held["active"])
+    state = {"last": last, "length": length, "index": index, "limit": rows["limit"],
+             "key": jax.random.wrap_key_data(rows["key_data"]), "active": active}
+    r, n = table.shape
     s = n * page_size
-    k_index = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (rows, s))
+    k_index = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (r, s))
 
-    def cond(carry):
-        j, _, st, _ = carry
-        return (j < steps) & jnp.any(st["active"])
-
-    def body(carry):
-        j, pools, st, out = carry
+    def body(j, pools, st, out):
         pos, act = st["length"], st["active"]
         pages, offsets = _where(table, pos[:, None], act[:, None], page_size)
         ropes = model.rope_for(pos[:, None])
@@ -245,14 +291,30 @@ def decode_steps(graphdef, params, packed, pools: Pools, table, state: dict[str,
                "emitted": out["emitted"].at[:, j].set(act)}
         st = dict(st, last=jnp.where(act, token, st["last"]), length=pos + act,
                   index=st["index"] + act, active=act & ~stop)
-        return j + 1, new, st, out
+        return new, st, out
 
-    out = {"tokens": jnp.zeros((rows, steps), jnp.int32),
-           "logprobs": jnp.zeros((rows, steps), jnp.float32),
-           "sampling_logprobs": jnp.zeros((rows, steps), jnp.float32),
-           "emitted": jnp.zeros((rows, steps), jnp.bool_)}
-    _, pools, state, out = jax.lax.while_loop(cond, body, (jnp.int32(0), pools, state, out))
-    return pools, state, out
+    out = {"tokens": jnp.zeros((r, steps), jnp.int32),
+           "logprobs": jnp.zeros((r, steps), jnp.float32),
+           "sampling_logprobs": jnp.zeros((r, steps), jnp.float32),
+           "emitted": jnp.zeros((r, steps), jnp.bool_)}
+    if fixed:
+        pools, state, out = jax.lax.fori_loop(
+            0, steps, lambda j, c: body(j, *c), (pools, state, out))
+    else:
+        def cond(carry):
+            j, _, st, _ = carry
+            return (j < steps) & jnp.any(st["active"])
+
+        def step(carry):
+            j, pools, st, out = carry
+            return (j + 1, *body(j, pools, st, out))
+
+        _, pools, state, out = jax.lax.while_loop(cond, step, (jnp.int32(0), pools, state, out))
+    places = dict(places, **{name: places[name].at[place].set(state[name])
+                             for name in ("last", "length", "index", "active")})
+    out.update({name: places[name][place] for name in
+                ("first_token", "first_logprob", "first_sampling_logprob")})
+    return pools, places, out
 
 
 @partial(jax.jit, donate_argnames=("pools",))

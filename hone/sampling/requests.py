@@ -144,6 +144,18 @@ class SeqState:
     turn_tokens: int = 0  # a model turn's budget
     turn_start: int = 0  # index in out.tokens of the running turn's first token
     turn_end: int = 0  # the index at which the running turn stops
+    # Decode windows (hone/sampling/scheduler.py): its place on the device while it runs; the
+    # tokens dispatched but not read yet (at most: a pending first token and each window's
+    # writes); `epoch` counts its starts and stops, so a window read after it stopped is
+    # ignored; `first` (its first token was drawn on the device and is read with its first
+    # window), `fresh` (its next window starts it from the host's length and index) and
+    # `host_last` (its pending token is `last`, not the place's).
+    place: int | None = None
+    ahead: int = 0
+    epoch: int = 0
+    first: bool = False
+    fresh: bool = False
+    host_last: bool = False
 
 
 @dataclass

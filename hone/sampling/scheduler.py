@@ -11,10 +11,15 @@ are freed and a waiting sample takes its place at the next turn of the loop. Eac
    `max_seqs` sequences run, prefill calls follow each other until the places are taken (an
    idle engine fills up first); otherwise one call a turn, so a long prompt interleaves with
    the decoding of the others instead of stalling them;
-3. decode: `sync_steps` steps of the running sequences in one program
-   (hone/sampling/paged.py), after each got the pages those steps write. The batch is as large
-   as the running sequences need (`row_bucket`: 8, 16, 32, 48, 64, then steps of 32 rows
-   up to `max_seqs`), so a long tail of few sequences decodes a small batch, not max_seqs rows.
+3. decode: one window of `sync_steps` steps of the running sequences in one program
+   (hone/sampling/paged.py `decode_window`), after each got the pages the window writes. The
+   batch is as large as the running sequences need (`row_bucket`: 8, 16, 32, 48, 64, then
+   steps of 32 rows up to `max_seqs`), so a long tail of few sequences decodes a small batch,
+   not max_seqs rows. With `overlap`, window k+1 goes out (from the state window k leaves in
+   the engine's places on the device) before window k is read: the host's work of a turn runs
+   while the device decodes, and a stop is seen one window late (the stopped row rides along
+   masked; a read after a sequence stopped is ignored by its epoch). Starting a sequence reads
+   nothing (its first token is drawn into its place); a window is the one blocking read.
 Episodes (`run(on_turn=)`): when a sample's model turn ends (an end token, the turn's budget
 `Request.turn_tokens`), the callback answers with the tokens to append or None. Appended tokens
 go to the head of the queue as a prefill into the sample's own pages, after its cache (its
@@ -49,27 +54,34 @@ from hone.errors import InputError
 from hone.kernels.pallas_paged import IMPLS as PALLAS_IMPLS
 from hone.sampling.engine import pack_weights, split_for_sampling
 from hone.sampling.admission import Admission
-from hone.sampling.buckets import bucket, chunk_bucket, row_bucket
+from hone.sampling.buckets import bucket, chunk_bucket
 from hone.sampling.pages import TRASH, PageAllocator, default_pool, pages_for
-from hone.sampling.paged import (TPU_HEAD_DIM, choose_first, copy_pages, decode_steps, init_pools,
+from hone.sampling.paged import (TPU_HEAD_DIM, choose_first, copy_pages, init_places, init_pools,
                                  paged_route, pool_bytes, prefill_chunk)
 from hone.sampling.requests import PrefillJob, Request, Sample, SeqState, Turn, TurnCallback
 from hone.sampling.strategies import SamplingMode
+from hone.sampling.windows import Windows, Window, default_overlap, default_window
 
 __all__ = ["PagedEngine", "Request", "Sample", "Turn"]
 
 
-class PagedEngine(Admission):
+class PagedEngine(Windows, Admission):
     """Paged KV cache + continuous batching for one model's weights (see the module doc)."""
 
     def __init__(self, model, *, max_seqs: int = 8, page_size: int = 64,
                  num_pages: int | None = None, max_len: int | None = None, cache_dtype=None,
-                 prefill_chunk: int = 1024, sync_steps: int = 8, attention: str | None = None):
+                 prefill_chunk: int = 1024, sync_steps: int | None = None,
+                 attention: str | None = None, overlap: bool | None = None):
         """attention: how a decode step reads the pages (hone/kernels/pallas_paged.py routes;
         None: the Pallas kernel on a GPU, else hone's CPU kernel or XLA's loop over pages;
         `paged_route` says which). "tpu" takes the Pallas TPU kernel, for head_dim a multiple
-        of 128 only."""
+        of 128 only. sync_steps: the decode window's steps (None: `default_window()`).
+        overlap: dispatch each window before reading the one before it (None:
+        `default_overlap()`)."""
         cfg = model.config
+        sync_steps = default_window() if sync_steps is None else sync_steps
+        self.overlap = default_overlap() if overlap is None else bool(overlap)
+        self.fixed_window = jax.default_backend() == "gpu"  # no data-dependent loop on a GPU
         for name, value in (("max_seqs", max_seqs), ("page_size", page_size),
                             ("prefill_chunk", prefill_chunk), ("sync_steps", sync_steps)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -81,7 +93,7 @@ class PagedEngine(Admission):
         self.num_pages = num_pages or default_pool(max_seqs, self.max_len, page_size)
         self.table_width = pages_for(self.max_len, page_size)  # decode's page-table columns
         self.kv_bytes = pool_bytes(model, self.num_pages, page_size, self.cache_dtype)
-        self.pools = None
+        self.pools = self.places = None
         self.attention = paged_route() if attention is None else attention
         if self.attention not in (None, *PALLAS_IMPLS):
             raise InputError(f"unknown attention route {attention!r}; allowed: "
@@ -117,6 +129,9 @@ class PagedEngine(Admission):
         self.packed = pack_weights(self.graphdef, self.params)
         if self.pools is None:
             self.pools = init_pools(model, self.num_pages, self.page_size, self.cache_dtype)
+            self.places = init_places(self.max_seqs, self.pools)
+        self.free_places = list(range(self.max_seqs - 1, -1, -1))
+        self.unread: Window | None = None  # a dispatched decode window not read yet
         self.alloc = PageAllocator(self.num_pages)
         self.stats = collections.Counter()
         self.running: list[SeqState] = []  # in admission order
@@ -157,6 +172,7 @@ class PagedEngine(Admission):
                     results[seq.request][seq.sample] = seq.out
                 else:
                     feed.finished(seq.request, seq.sample, seq.out)
+        self.unread = None  # what is left there is of sequences that have stopped
         self.stats["peak_pages"] = self.alloc.peak
         return results
 
@@ -178,57 +194,59 @@ class PagedEngine(Admission):
                 src = [group.pages[full]] * copied
                 self.pools = copy_pages(self.pools, jnp.asarray(src, jnp.int32),
                                         jnp.asarray(copies, jnp.int32))
-            if group.kind == "resume":
-                seq = seqs[0]
-                first = [(seq.out.tokens[-1], None, None)]
-            else:
-                for s in seqs:
-                    if s.key_data is None:
-                        s.key_data = np.asarray(jax.random.key_data(s.key))
-                rows = bucket(len(seqs), minimum=1)  # padded with copies of the first
-                picks = seqs + [seqs[0]] * (rows - len(seqs))
-                tok, lp, slp = jax.device_get(choose_first(
-                    group.logits, jnp.asarray(np.stack([s.key_data for s in picks])),
-                    jnp.asarray([len(s.out.tokens) for s in picks], jnp.int32), self.mode,
-                    self.temperature, self.top_p))
-                first = list(zip(tok.tolist(), lp.tolist(), slp.tolist()))[:len(seqs)]
             for k, seq in enumerate(seqs):
                 if last and k == len(seqs) - 1:  # the group's own references pass to it
                     seq.pages = list(group.pages)
                 else:
                     self.alloc.share(group.pages[:full])
                     seq.pages = group.pages[:full] + (copies[k:k + 1] if partial else [])
-                token, lp, slp = first[k]
-                if lp is not None:  # a turn starts
-                    seq.turn_start = len(seq.out.tokens)
-                    seq.turn_end = min(seq.limit, seq.turn_start + seq.turn_tokens)
-                    seq.out.tokens.append(token)
-                    seq.out.logprobs.append(lp)
-                    seq.out.sampling_logprobs.append(slp)
-                    seq.out.model_mask.append(1)
-                    if self.feed is not None:
-                        self.feed.tokens(seq.request, seq.sample, [token], [lp])
-                self._start(seq, token, group.end)
+                if group.kind == "resume":  # it goes on with the token it had
+                    self._start(seq, group.end, seq.out.tokens[-1])
+                    continue
+                seq.turn_start = len(seq.out.tokens)  # a turn starts: its first token is drawn
+                seq.turn_end = min(seq.limit, seq.turn_start + seq.turn_tokens)  # below
+                self._start(seq, group.end)
+            if group.kind != "resume":
+                for s in seqs:
+                    if s.key_data is None:
+                        s.key_data = np.asarray(jax.random.key_data(s.key))
+                rows = bucket(len(seqs), minimum=1)  # padded with copies of the first
+                picks = seqs + [seqs[0]] * (rows - len(seqs))
+                self.places = choose_first(
+                    group.logits, jnp.asarray(np.stack([s.key_data for s in picks])),
+                    jnp.asarray([len(s.out.tokens) for s in picks], jnp.int32), self.places,
+                    jnp.asarray([s.place for s in picks], jnp.int32), self.mode,
+                    self.temperature, self.top_p)
             group.samples = group.samples[len(seqs):]
             if not group.samples:
                 self.ready.popleft()
         return moved
 
-    def _start(self, seq: SeqState, token: int, length: int) -> None:
-        seq.last, seq.length = token, length
-        if token in self.eos_set or len(seq.out.tokens) >= seq.turn_end:
-            self._end_turn(seq, "eos" if token in self.eos_set else "length")
-            return
+    def _start(self, seq: SeqState, length: int, token: int | None = None) -> None:
+        """seq runs from slot `length` on, its pending token `token` (None: a first token
+        that `choose_first` draws into its place, read with its first window)."""
+        seq.length, seq.epoch = length, seq.epoch + 1
+        seq.first, seq.fresh, seq.host_last = token is None, True, token is not None
+        seq.ahead = int(token is None)
+        if token is not None:
+            seq.last = token
+            if token in self.eos_set or len(seq.out.tokens) >= seq.turn_end:
+                self._end_turn(seq, "eos" if token in self.eos_set else "length")
+                return
         seq.order = self.admitted
         if seq.key_data is None:  # a resumed sequence
             seq.key_data = np.asarray(jax.random.key_data(seq.key))
         self.admitted += 1
         seq.running = True
+        seq.place = self.free_places.pop()
         self.running.append(seq)
 
     def _stop(self, seq: SeqState) -> None:
         if seq.running:
             seq.running = False
+            seq.epoch += 1  # a window still to be read holds nothing more of this run
+            self.free_places.append(seq.place)
+            seq.place = None
             self.running.remove(seq)
 
     def _end_turn(self, seq: SeqState, reason: str) -> None:
@@ -307,10 +325,9 @@ class PagedEngine(Admission):
             tokens[r, :size] = group.tokens[group.done:group.done + size]
             start[r], n_valid[r] = group.offset + group.done, size
         t0 = time.perf_counter()
-        self.pools, logits = prefill_chunk(
+        self.pools, logits = prefill_chunk(  # not waited for: its samples draw on the device
             self.graphdef, self.params, self.pools, jnp.asarray(table), jnp.asarray(start),
             jnp.asarray(tokens), jnp.asarray(n_valid), page_size=self.page_size)
-        logits = jax.block_until_ready(logits)
         self.stats["prefill_calls"] += 1
         self.stats["prefill_tokens"] += sum(size for _, size in picked)
         self.stats["prefill_s"] += time.perf_counter() - t0
@@ -321,57 +338,3 @@ class PagedEngine(Admission):
                 self.queue.remove(group)
                 self.ready.append(group)
         return True
-
-    # ---- 3. decode ---------------------------------------------------------------------------
-    def _decode(self) -> None:
-        ps = self.page_size
-        for seq in list(self.running):  # oldest first: the newest is preempted for them
-            if not seq.running:  # preempted while an older one got its pages
-                continue
-            writes = min(self.sync_steps, seq.turn_end - len(seq.out.tokens))
-            need = pages_for(seq.length + writes, ps) - len(seq.pages)
-            if need > 0:
-                pages = self._allocate(need, keep=seq)
-                if pages is None:
-                    raise InputError("the page pool is too small for the sequences it must "
-                                     "hold at once", key="num_pages")
-                seq.pages += pages
-        live = list(self.running)
-        rows = row_bucket(len(live), self.max_seqs)
-        table = np.full((rows, self.table_width), TRASH, np.int32)
-        st = {"last": np.zeros(rows, np.int32), "length": np.zeros(rows, np.int32),
-              "index": np.zeros(rows, np.int32), "limit": np.zeros(rows, np.int32),
-              "active": np.zeros(rows, bool)}
-        keys = [seq.key_data for seq in live]
-        keys += [keys[0]] * (rows - len(live))
-        for r, seq in enumerate(live):
-            table[r, :len(seq.pages)] = seq.pages
-            st["last"][r], st["length"][r], st["index"][r] = seq.last, seq.length, len(
-                seq.out.tokens)
-            st["limit"][r], st["active"][r] = seq.turn_end, True
-        state = {k: jnp.asarray(v) for k, v in st.items()}
-        state["key"] = jax.random.wrap_key_data(jnp.asarray(np.stack(keys)))
-        t0 = time.perf_counter()
-        self.pools, state, out = decode_steps(
-            self.graphdef, self.params, self.packed, self.pools, jnp.asarray(table), state,
-            self.eos, self.temperature, self.top_p, mode=self.mode, page_size=ps,
-            steps=self.sync_steps, pallas=self.attention)
-        out = jax.device_get(out)
-        self.stats["decode_calls"] += 1
-        self.stats["decode_rows"] += rows
-        self.stats["decode_s"] += time.perf_counter() - t0
-        host = jax.device_get({k: state[k] for k in ("last", "length", "active")})
-        for r, seq in enumerate(live):
-            emitted = out["emitted"][r]
-            seq.out.tokens += out["tokens"][r][emitted].tolist()
-            seq.out.logprobs += out["logprobs"][r][emitted].tolist()
-            seq.out.sampling_logprobs += out["sampling_logprobs"][r][emitted].tolist()
-            seq.out.model_mask += [1] * int(emitted.sum())
-            if self.feed is not None and emitted.any():
-                self.feed.tokens(seq.request, seq.sample, seq.out.tokens[-int(emitted.sum()):],
-                                 seq.out.logprobs[-int(emitted.sum()):])
-            seq.last, seq.length = int(host["last"][r]), int(host["length"][r])
-            if not host["active"][r]:
-                last = seq.out.tokens[-1]
-                self._end_turn(seq, "eos" if last in self.eos_set else "length")
-

@@ -71,16 +71,19 @@ class PagedEngine(Windows, Admission):
     def __init__(self, model, *, max_seqs: int = 8, page_size: int = 64,
                  num_pages: int | None = None, max_len: int | None = None, cache_dtype=None,
                  prefill_chunk: int = 1024, sync_steps: int | None = None,
-                 attention: str | None = None, overlap: bool | None = None):
+                 attention: str | None = None, overlap: bool | None = None,
+                 eager_first: bool = False):
         """attention: how a decode step reads the pages (hone/kernels/pallas_paged.py routes;
         None: the Pallas kernel on a GPU, else hone's CPU kernel or XLA's loop over pages;
         `paged_route` says which). "tpu" takes the Pallas TPU kernel, for head_dim a multiple
         of 128 only. sync_steps: the decode window's steps (None: `default_window()`).
         overlap: dispatch each window before reading the one before it (None:
-        `default_overlap()`)."""
+        `default_overlap()`). eager_first: read each sequence's first token as soon as it is
+        drawn (a server's time to first token) instead of with its first window."""
         cfg = model.config
         sync_steps = default_window() if sync_steps is None else sync_steps
         self.overlap = default_overlap() if overlap is None else bool(overlap)
+        self.eager_first = eager_first
         self.fixed_window = jax.default_backend() == "gpu"  # no data-dependent loop on a GPU
         for name, value in (("max_seqs", max_seqs), ("page_size", page_size),
                             ("prefill_chunk", prefill_chunk), ("sync_steps", sync_steps)):
@@ -217,6 +220,8 @@ class PagedEngine(Windows, Admission):
                     jnp.asarray([len(s.out.tokens) for s in picks], jnp.int32), self.places,
                     jnp.asarray([s.place for s in picks], jnp.int32), self.mode,
                     self.temperature, self.top_p)
+                if self.eager_first:  # a stream sends the first token before any window
+                    self._read_first(seqs)
             group.samples = group.samples[len(seqs):]
             if not group.samples:
                 self.ready.popleft()

@@ -138,22 +138,30 @@ class Windows:
             window, self.unread = self.unread, None
             self._read(window)
         if seq.running and seq.first:
-            got = jax.device_get({k: self.places[k][seq.place] for k in (
-                "first_token", "first_logprob", "first_sampling_logprob")})
-            self.stats["host_waits"] += 1
-            seq.first, seq.ahead = False, seq.ahead - 1
-            token = int(got["first_token"])
-            seq.out.tokens.append(token)
-            seq.out.logprobs.append(float(got["first_logprob"]))
-            seq.out.sampling_logprobs.append(float(got["first_sampling_logprob"]))
-            seq.out.model_mask.append(1)
-            if self.feed is not None:
-                self.feed.tokens(seq.request, seq.sample, [token], [seq.out.logprobs[-1]])
-            seq.last = token
-            if token in self.eos_set or len(seq.out.tokens) >= seq.turn_end:
-                self._end_turn(seq, "eos" if token in self.eos_set else "length")
+            self._read_first([seq])
         if seq.running:
             super()._preempt(seq)
+
+
+    def _read_first(self, seqs: list[SeqState]) -> None:
+        """Read the first tokens of `seqs` (drawn into their places, not read yet) now, in one
+        blocking read: for a sequence about to be preempted, and for a server's stream
+        (`eager_first`); their turns end here if the token ends them."""
+        places = jnp.asarray([seq.place for seq in seqs], jnp.int32)
+        got = jax.device_get({k: self.places[k][places] for k in (
+            "first_token", "first_logprob", "first_sampling_logprob")})
+        self.stats["host_waits"] += 1
+        for k, seq in enumerate(seqs):
+            token, lp = int(got["first_token"][k]), float(got["first_logprob"][k])
+            seq.first, seq.ahead, seq.host_last, seq.last = False, seq.ahead - 1, True, token
+            seq.out.tokens.append(token)
+            seq.out.logprobs.append(lp)
+            seq.out.sampling_logprobs.append(float(got["first_sampling_logprob"][k]))
+            seq.out.model_mask.append(1)
+            if self.feed is not None:
+                self.feed.tokens(seq.request, seq.sample, [token], [lp])
+            if token in self.eos_set or len(seq.out.tokens) >= seq.turn_end:
+                self._end_turn(seq, "eos" if token in self.eos_set else "length")
 
 
 class Window:

@@ -61,9 +61,11 @@ class EngineLoop:
     def __init__(self, model, *, eos_ids=(), max_seqs: int = 8, max_len: int = 2048,
                  page_size: int = 64, cache_dtype=None):
         self.eos_ids = tuple(eos_ids)
-        # Short windows read at once: a stream gets its tokens a window at a time.
+        # Short windows read at once, the first token read as soon as it is drawn: a stream
+        # gets its first token after the prefill, then its tokens a window at a time.
         self.engine = PagedEngine(model, max_seqs=max_seqs, max_len=max_len, page_size=page_size,
-                                  cache_dtype=cache_dtype, sync_steps=8, overlap=False)
+                                  cache_dtype=cache_dtype, sync_steps=8, overlap=False,
+                                  eager_first=True)
         self.inbox: queue.Queue = queue.Queue()
         self.waiting: list[tuple] = []  # submitted with other settings than the current run's
         self.pending: dict[int, Pending] = {}

@@ -97,6 +97,12 @@ class UnconfinedError(RuntimeError):
     """The code tool would run unconfined (the host readable) and nobody accepted that."""
 
 
+def _refusal(reason: str | None) -> str:
+    return (f"the code tool cannot confine the program here ({reason}), and would run it "
+            f"with every file of this user readable: accept that with agent.code_tool.unconfined:"
+            f" true, or run hone where user namespaces work")
+
+
 def accepts_unconfined(limits: CodeLimits) -> bool:
     return limits.unconfined or os.environ.get(UNCONFINED_ENV) == "1"
 
@@ -110,11 +116,8 @@ def confined_here(limits: CodeLimits) -> bool:
     if status.confined:
         return True
     if limits.sandbox == "require" or not accepts_unconfined(limits):
-        raise UnconfinedError(
-            f"the code tool cannot confine the program here ({status.reason}), and would run it "
-            f"with every file of this user readable; accept that with agent.code_tool.unconfined:"
-            f" true (CodeLimits(unconfined=True), or {UNCONFINED_ENV}=1), or run hone where user "
-            f"namespaces work")
+        raise UnconfinedError(_refusal(status.reason) + f" (CodeLimits(unconfined=True), or "
+                              f"{UNCONFINED_ENV}=1)")
     return False
 
 
@@ -360,10 +363,7 @@ def confinement(accept_unconfined: bool) -> str:
         return (f"code tool: confined (its own root and user, mount, network and PID "
                 f"namespaces); the program sees /{', /'.join(status.view)} only")
     if not accept_unconfined:
-        raise UnconfinedError(
-            f"the code tool cannot confine the model's code here ({status.reason}); set "
-            f"agent.code_tool.unconfined: true to run it anyway with every file of this user "
-            f"readable, or run hone where user namespaces work")
+        raise UnconfinedError(_refusal(status.reason))
     os.environ[UNCONFINED_ENV] = "1"
     return (f"code tool: UNCONFINED ({status.reason}): the model's code can read every file "
             f"this user can (agent.code_tool.unconfined: true)")

@@ -6,7 +6,8 @@ rewarded 1 when the final reply's last number matches the record's answer
 (`rewards.answer_column`). Every mistake (a path that does not import, a class that is not an
 Environment, a tool without type hints, an unknown parser, a code tool that cannot be confined
 here and was not accepted unconfined) is an InputError naming the key, raised before anything of
-the run is written; a run with the code tool logs once what its programs can see. Tool calls run in the process's shared worker pool
+the run is written; a run with the code tool logs once what its programs can see. Tool calls run
+in the process's shared worker pool
 (`hone.agents.tool_runner.default_runner`): no episode starts a process of its own.
 """
 

@@ -110,25 +110,31 @@ class Windows:
                 continue
             seq.ahead -= writes + first
             e = emitted[r]
-            tokens, lps = [], []
-            if first:
-                tokens.append(int(out["first_token"][r]))
-                lps.append(float(out["first_logprob"][r]))
-                seq.out.sampling_logprobs.append(float(out["first_sampling_logprob"][r]))
-            tokens += out["tokens"][r][e].tolist()
-            lps += out["logprobs"][r][e].tolist()
-            seq.out.sampling_logprobs += out["sampling_logprobs"][r][e].tolist()
-            seq.out.tokens += tokens
-            seq.out.logprobs += lps
-            seq.out.model_mask += [1] * len(tokens)
             seq.length += int(e.sum())
-            if not tokens:
-                continue
-            seq.last = tokens[-1]
-            if self.feed is not None:
-                self.feed.tokens(seq.request, seq.sample, tokens, lps)
-            if seq.last in self.eos_set or len(seq.out.tokens) >= seq.turn_end:
-                self._end_turn(seq, "eos" if seq.last in self.eos_set else "length")
+            # The first token (drawn before the window) if it is this window's to read, then
+            # what the window emitted.
+            taken = [out[name][r][e].tolist() for name in ("tokens", "logprobs",
+                                                             "sampling_logprobs")]
+            if first:
+                for got, name in zip(taken, ("first_token", "first_logprob",
+                                             "first_sampling_logprob")):
+                    got.insert(0, out[name][r].item())
+            self._take(seq, *taken)
+
+    def _take(self, seq: SeqState, tokens: list, lps: list, slps: list) -> None:
+        """Sampled tokens read from the device into seq's sample (and its feed); its turn ends
+        here if the last of them ends it."""
+        if not tokens:
+            return
+        seq.out.tokens += tokens
+        seq.out.logprobs += lps
+        seq.out.sampling_logprobs += slps
+        seq.out.model_mask += [1] * len(tokens)
+        seq.last = tokens[-1]
+        if self.feed is not None:
+            self.feed.tokens(seq.request, seq.sample, tokens, lps)
+        if seq.last in self.eos_set or len(seq.out.tokens) >= seq.turn_end:
+            self._end_turn(seq, "eos" if seq.last in self.eos_set else "length")
 
     def _preempt(self, seq: SeqState) -> None:
         """Read the window that is out first (its tokens are the sequence's to keep, and it may
@@ -152,16 +158,9 @@ class Windows:
             "first_token", "first_logprob", "first_sampling_logprob")})
         self.stats["host_waits"] += 1
         for k, seq in enumerate(seqs):
-            token, lp = int(got["first_token"][k]), float(got["first_logprob"][k])
-            seq.first, seq.ahead, seq.host_last, seq.last = False, seq.ahead - 1, True, token
-            seq.out.tokens.append(token)
-            seq.out.logprobs.append(lp)
-            seq.out.sampling_logprobs.append(float(got["first_sampling_logprob"][k]))
-            seq.out.model_mask.append(1)
-            if self.feed is not None:
-                self.feed.tokens(seq.request, seq.sample, [token], [lp])
-            if token in self.eos_set or len(seq.out.tokens) >= seq.turn_end:
-                self._end_turn(seq, "eos" if token in self.eos_set else "length")
+            seq.first, seq.ahead, seq.host_last = False, seq.ahead - 1, True
+            self._take(seq, [int(got["first_token"][k])], [float(got["first_logprob"][k])],
+                       [float(got["first_sampling_logprob"][k])])
 
 
 class Window:

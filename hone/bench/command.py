@@ -101,6 +101,16 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--overlap", default=None, choices=("on", "off"),
                    help="rollout, paged engine: dispatch each window before reading the one "
                    "before (default: the engine's for this backend)")
+    p.add_argument("--prompt-lens", default=None, metavar="LO-HI",
+                   help="rollout: each prompt's length drawn between LO and HI tokens, anew for "
+                   "every rollout (RL prompts vary), instead of --prompt-len for all")
+    p.add_argument("--attention", default=None,
+                   choices=("xla", "ragged", "tpu", "gpu", "ragged-interpret"),
+                   help="rollout, paged engine: the attention over pages (PagedEngine's "
+                   "`attention`; xla: XLA's loop; default: the engine's for this backend)")
+    p.add_argument("--warmup", action="store_true",
+                   help="rollout, paged engine: compile the engine's programs before the first "
+                   "rollout (`PagedEngine.warmup`; reported as warmup_s, warmup_programs)")
     p.add_argument("--beta", type=float, default=0.04,
                    help="grpo: KL coefficient (0: no reference model)")
     p.add_argument("--steps", type=int, default=5,
@@ -173,6 +183,19 @@ def _shape(args) -> tuple[int, int, int]:
     return batch, seq, prompt
 
 
+def prompt_range(text: str | None) -> tuple[int, int] | None:
+    """--prompt-lens "LO-HI" as (LO, HI), 1 <= LO <= HI."""
+    if text is None:
+        return None
+    try:
+        lo, hi = (int(x) for x in text.split("-"))
+    except ValueError:
+        lo = hi = 0
+    if not 1 <= lo <= hi:
+        raise InputError(f"must be LO-HI with 1 <= LO <= HI, got {text!r}", key="--prompt-lens")
+    return lo, hi
+
+
 def measure(args, log: Callable = print):
     """Run the row the options name; returns (Measured, batch, seq, prompt_len)."""
     from hone.bench.grpo import grpo_row
@@ -199,7 +222,8 @@ def measure(args, log: Callable = print):
                           generations=args.generations, prompt_len=prompt, limit=seq,
                           max_seqs=args.max_seqs, num_pages=args.num_pages,
                           window=args.window, overlap=None if args.overlap is None
-                          else args.overlap == "on",
+                          else args.overlap == "on", prompt_lens=prompt_range(args.prompt_lens),
+                          warmup=args.warmup, attention=args.attention,
                           **{k: v for k, v in common.items()
                                                      if k != "model"})
     else:

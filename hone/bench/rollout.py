@@ -22,7 +22,10 @@ engine's settings), `windows`, `decode_steps`, `host_waits` (blocking reads of t
 `wasted_row_steps` (row-steps of stopped rows and padding) of `row_steps`; and, for the first
 rollout and for the timed ones, `programs` (JAX programs traced, jax.monitoring's trace events)
 and `compile_s` (XLA's compile time; a program taken from a persistent compilation cache
-counts as traced, not compiled).
+counts as traced, not compiled); with --warmup, `warmup_s`, `warmup_programs` and
+`warmup_compile_s` of `PagedEngine.warmup` before the first rollout. --prompt-lens LO-HI draws
+each prompt's length in that range, anew for each rollout (so a later rollout has other
+lengths than the first).
 
 With --tunix (`tunix_row`), the same workload on Tunix's vanilla sampler instead:
 benchmarks/rollout_tunix.py run by the Tunix venv's python (benchmarks/_venvs.py makes it on
@@ -108,11 +111,15 @@ def rollout_row(model: str, workload: str, engine: str, *, prompts: int = 32,
                 max_seqs: int = 64, repeats: int = 1, seed: int = 0,
                 num_pages: int | None = None, precision: str = "fp32",
                 window: int | None = None, overlap: bool | None = None,
-                log: Callable = quiet) -> Measured:
+                prompt_lens: tuple[int, int] | None = None, warmup: bool = False,
+                attention: str | None = None, log: Callable = quiet) -> Measured:
     """Time the rollout `repeats` times after a first (compiling) one. num_pages: the paged
     engine's pool (None: its default, room for max_seqs sequences of the longest length).
     precision: the weights' and caches' dtype, "fp32" or "bf16". window, overlap: the paged
-    engine's decode window and whether it overlaps the host (None: its defaults here)."""
+    engine's decode window and whether it overlaps the host (None: its defaults here).
+    prompt_lens: (lo, hi): each prompt's length drawn in that range, anew for each rollout
+    (None: prompt_len for all). warmup: the paged engine compiles its programs first.
+    attention: the paged engine's route over pages ("xla": XLA's loop; None: its default)."""
     import jax
     import jax.numpy as jnp
 
@@ -126,30 +133,43 @@ def rollout_row(model: str, workload: str, engine: str, *, prompts: int = 32,
     net = load_model(model, "bfloat16" if precision == "bf16" else "float32", seed=seed)
     cfg = net.config
     rng = np.random.default_rng(seed)
-    ids = rng.integers(3, cfg.vocab_size, size=(prompts, prompt_len)).tolist()
+    lo, hi = prompt_lens or (prompt_len, prompt_len)
+    prompt_sets = [[rng.integers(3, cfg.vocab_size, int(rng.integers(lo, hi + 1))).tolist()
+                    for _ in range(prompts)] for _ in range(1 + repeats)]
+    at = iter(prompt_sets)
     lengths = sample_lengths(workload, prompts * generations, limit, seed)
     dtype = net.embedder.embedding[...].dtype
     if engine == "static":
         kv = static_kv_bytes(net, bucket(prompts * generations, minimum=1),
-                             bucket(prompt_len) + bucket(limit), dtype)
+                             bucket(hi) + bucket(limit), dtype)
 
         def once():
-            return generate(net, None, ids, max_new_tokens=limit, temperature=1.0, n=generations,
-                            eos_ids=(), seed=seed)
+            return generate(net, None, next(at), max_new_tokens=limit, temperature=1.0,
+                            n=generations, eos_ids=(), seed=seed)
     else:
         max_seqs = min(max_seqs, prompts * generations)
-        paged = PagedEngine(net, max_seqs=max_seqs, max_len=prompt_len + limit,
-                            num_pages=num_pages, sync_steps=window, overlap=overlap)
+        paged = PagedEngine(net, max_seqs=max_seqs, max_len=hi + limit,
+                            num_pages=num_pages, sync_steps=window, overlap=overlap,
+                            attention=None if attention in (None, "xla") else attention)
+        if attention == "xla":  # no route of its own: none, whatever the backend's default
+            paged.attention = None
         kv = paged.kv_bytes
         key = jax.random.key(seed)
 
         def once():
             requests = [Request(p, limit, jax.random.fold_in(key, i), n=generations,
                                 sample_limits=tuple(lengths[i * generations:(i + 1) * generations]))
-                        for i, p in enumerate(ids)]
+                        for i, p in enumerate(next(at))]
             return paged.run(requests, temperature=1.0)
-    times, compiles, totals = [], [], {}
+    times, compiles, totals, extra = [], [], {}, {}
     counter = compile_counter()
+    if warmup and engine == "paged":
+        with counter:
+            start = time.perf_counter()
+            paged.warmup(temperature=1.0)
+            extra.update(warmup_s=time.perf_counter() - start, warmup_programs=counter.programs,
+                         warmup_compile_s=counter.compile_s)
+        log(f"warmup: {extra['warmup_s']:.1f} s, {counter.programs} programs traced")
     for i in range(1 + repeats):
         jax.block_until_ready(jnp.zeros(()))
         with counter:
@@ -168,8 +188,9 @@ def rollout_row(model: str, workload: str, engine: str, *, prompts: int = 32,
     tokens = sum(lengths)
     assert made == tokens, (made, tokens)  # every sample ran to its drawn length
     median = float(np.median(times[1:])) if repeats else times[0]
-    extra = {"workload": workload, "engine": engine, "kv_bytes": kv, "generations": generations,
-             "limit": limit, "prompt_len": prompt_len, "mean_length": float(np.mean(lengths))}
+    extra.update(workload=workload, engine=engine, kv_bytes=kv, generations=generations,
+                 limit=limit, prompt_len=prompt_len if prompt_lens is None else list(prompt_lens),
+                 mean_length=float(np.mean(lengths)))
     extra.update(programs=compiles[0][0], compile_s=compiles[0][1],
                  later_programs=sum(c[0] for c in compiles[1:]))
     if engine == "paged":
@@ -177,17 +198,22 @@ def rollout_row(model: str, workload: str, engine: str, *, prompts: int = 32,
                      preempted=paged.stats["preempted"],
                      peak_pages=paged.stats["peak_pages"], page_size=paged.page_size,
                      window=paged.sync_steps, overlap=paged.overlap,
+                     attention=paged.attention or "xla",
                      windows=totals["decode_calls"], decode_steps=totals["decode_steps"],
                      host_waits=totals["host_waits"], row_steps=totals["row_steps"],
                      wasted_row_steps=totals["wasted_row_steps"])
     return Measured(first_s=times[0], median_s=median, tokens=tokens,
-                    flops=asked_flops(cfg, prompt_len, lengths), extra=extra)
+                    flops=asked_flops(cfg, [len(p) for p in prompt_sets[-1]], lengths),
+                    extra=extra)
 
 
-def asked_flops(cfg, prompt_len: int, lengths) -> float:
+def asked_flops(cfg, prompt_len, lengths) -> float:
     """The FLOPs of the work asked for: each sample's prompt and its own length (what a static
-    row or Tunix's sampler decodes past its length is not counted)."""
-    return sum(flops.decode_flops(cfg, 1, prompt_len, n) for n in lengths)
+    row or Tunix's sampler decodes past its length is not counted). prompt_len: one length for
+    all, or each prompt's (its samples follow it in `lengths`)."""
+    per = len(lengths) // (len(prompt_len) if isinstance(prompt_len, list) else 1)
+    return sum(flops.decode_flops(cfg, 1, prompt_len[i // per] if isinstance(prompt_len, list)
+                                  else prompt_len, n) for i, n in enumerate(lengths))
 
 
 def tunix_row(workload: str, *, prompts: int = 32, generations: int = 8, prompt_len: int = 64,

@@ -16,16 +16,25 @@ def bucket(n: int, minimum: int = 16) -> int:
 
 
 def row_bucket(n: int, cap: int) -> int:
-    """The decode batch for n running sequences: 8, 16, 32, 48, 64, then the next multiple of 32,
-    at most `cap` (the engine's max_seqs). A long tail of finishing sequences shrinks the batch
-    in steps of at most a third above 32 rows (below, a step costs about the same whatever its
-    rows: it reads every weight once), from a handful of programs."""
-    size = next((s for s in (8, 16, 32, 48, 64) if s >= n), -(-n // 32) * 32)
-    return max(1, min(size, cap))
+    """The decode batch for n running sequences: the next power of two from 8, at most `cap`
+    (the engine's max_seqs): a long tail of finishing sequences decodes a small batch, from a
+    handful of programs (8, 16, 32, 64 rows for 64 sequences)."""
+    return max(1, min(bucket(n, minimum=8), cap))
 
 
-def chunk_bucket(n: int) -> int:
-    """The width of a prefill chunk of n tokens: a multiple of 8 up to 64, then a power of two.
-    A turn's appended tokens (a tool result and the next header: often 10-30 tokens) are
-    prefilled at close to their length, not doubled; prefill costs what its padded tokens do."""
-    return -(-max(n, 1) // 8) * 8 if n <= 64 else bucket(n)
+def row_buckets(cap: int) -> list[int]:
+    """Every decode batch `row_bucket` gives for up to `cap` sequences."""
+    return sorted({row_bucket(n, cap) for n in (1, *(2 ** k for k in range(3, 31)), cap)
+                   if n <= cap})
+
+
+def block_bucket(n: int, cap: int) -> int:
+    """The prefill blocks of a call for n blocks of work: the next power of two, at most `cap`
+    (the engine's blocks a call)."""
+    return min(bucket(n, minimum=1), cap)
+
+
+def block_buckets(cap: int) -> list[int]:
+    """Every prefill call's blocks `block_bucket` gives up to `cap`."""
+    return sorted({block_bucket(n, cap) for n in (*(2 ** k for k in range(31)), cap)
+                   if n <= cap})

@@ -113,7 +113,7 @@ def generate(model, tokenizer, prompts, max_new_tokens: int = 64, temperature: f
     if engine == "paged":
         return _generate_paged(model, tokenizer, ids, max_new_tokens, temperature, top_k, top_p,
                                seed, stop, eos_ids, on_step, cache_dtype, n, prefill_chunk,
-                               max_seqs)
+                               max_seqs, min_prompt_bucket)
     if engine != "static":
         raise InputError(f"unknown engine {engine!r}; allowed: static, paged", key="engine")
     pad_id = getattr(tokenizer, "pad_id", None) or 0
@@ -159,7 +159,8 @@ def generate(model, tokenizer, prompts, max_new_tokens: int = 64, temperature: f
 
 
 def _generate_paged(model, tokenizer, ids, max_new_tokens, temperature, top_k, top_p, seed,
-                    stop, eos_ids, on_step, cache_dtype, n, prefill_chunk, max_seqs):
+                    stop, eos_ids, on_step, cache_dtype, n, prefill_chunk, max_seqs,
+                    min_prompt_bucket):
     from hone.sampling.scheduler import PagedEngine, Request
     if on_step is not None:
         raise InputError("streaming (on_step) is not available with engine='paged' yet",
@@ -171,8 +172,12 @@ def _generate_paged(model, tokenizer, ids, max_new_tokens, temperature, top_k, t
     key = jax.random.key(seed)
     requests = [Request(p, max_new_tokens, jax.random.fold_in(key, i), n=n)
                 for i, p in enumerate(ids)]
-    engine = PagedEngine(model, max_seqs=max_seqs or min(len(ids) * n, 64),
-                         max_len=max(len(p) for p in ids) + max_new_tokens,
+    # The prompts' room as the static sampler pads it (a power of two, at least
+    # min_prompt_bucket): calls with other prompt lengths keep the engine's shapes (its page
+    # tables' width, its pool), so they compile nothing new.
+    room = bucket(max(len(p) for p in ids), minimum=max(16, min_prompt_bucket))
+    max_len = min(room + max_new_tokens, model.config.max_position_embeddings)
+    engine = PagedEngine(model, max_seqs=max_seqs or min(len(ids) * n, 64), max_len=max_len,
                          cache_dtype=cache_dtype, prefill_chunk=prefill_chunk or 1024)
     samples = engine.run(requests, temperature=temperature, top_k=top_k, top_p=top_p,
                          eos_ids=eos_ids)

@@ -8,10 +8,11 @@ cache). A sequence's page table lists its pages in order; its slot s is page tab
 offset s % P, and its position is its slot: a paged sequence has no padding inside it.
 
 Design choices:
-- One program per shape bucket, whatever the sequences: a decode window takes a row bucket of
-  the running sequences (padded rows write to the trash page and are masked out) over their
-  whole page tables. Prefill takes chunks of prompts, their width a bucket too. Weights are
-  arguments, so new weights reuse the compiled programs.
+- A fixed set of programs, whatever the sequences: a decode window takes a row bucket of the
+  running sequences (padded rows write to the trash page and are masked out) over their whole
+  page tables; a prefill call takes blocks of a fixed width (a prompt's chunk is one or more
+  blocks, each with its sequence's whole page table), their count a power of two. Weights are
+  arguments, so new weights reuse the compiled programs (`PagedEngine.warmup` compiles them all).
 - Decode windows: `decode_window` runs many decode steps in one program, and what a sequence
   carries between windows (its pending token, length, index, whether it runs) lives in the
   engine's places on the device, so a window can go out before the one before it was read
@@ -20,10 +21,11 @@ Design choices:
   blockwise loop reads one page per row as a block (a gather of [rows] pages), so no row's
   cache is ever copied whole, and only up to the longest row's last page. A block past a row's
   last key adds exactly zero (its weights are exp(-inf) and the running maximum does not move),
-  so a row's numbers do not depend on how long the other rows are. Prefill gathers the chunk's
-  row of pages into the [R, S, K, H] keys `Attention.attend` takes (dense or blockwise, as in
-  training). Masks come from `make_mask` over the slots, so the numbers are those of the
-  static sampler and of the training forward pass up to float32 summation order. On the CPU,
+  so a row's numbers do not depend on how long the other rows are. Prefill blocks read the
+  pages the same way (hone/kernels/paged_xla.py: a loop over page columns up to the last page
+  a block sees), so a block costs what its sequence holds, not its table's width. Masks are
+  causality over the slots and the sliding window, so the numbers are those of the static
+  sampler and of the training forward pass up to float32 summation order. On the CPU,
   where the sampler runs hone's kernels, the decode-attention kernel reads the pages itself
   (hone/kernels/decode_attention.cc, the same computation as on a contiguous cache).
 - Sampling keys come with the rows: token t of a sequence is drawn with fold_in(its key, t), so
@@ -40,8 +42,9 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from hone.kernels.paged_xla import ragged_attention
+from hone.kernels.ragged_paged import ragged_paged_attention
 from hone.models.attention import make_mask
-from hone.models.masks import MaskSpec
 from hone.sampling.engine import attach_packed
 from hone.sampling.pages import TRASH
 from hone.sampling.strategies import SamplingMode, choose
@@ -54,6 +57,16 @@ Pools = dict[str, list[jax.Array]]
 
 
 TPU_HEAD_DIM = 128  # the TPU kernel's head dimension must be a multiple of this (PagedEngine)
+# hone's ragged paged-attention kernel (hone/kernels/ragged_paged.py) as the engine's route for
+# prefill blocks and decode steps alike, sliding windows included: route -> the kernel's impl.
+RAGGED_ROUTES = {"ragged": "tpu", "ragged-interpret": "tpu-interpret"}
+
+
+def _ragged(attn, q, k_pool, v_pool, table, q_pos, kv_len, window, route):
+    """Attention of q [R, T, N, H] over the pages through hone's ragged kernel, projected."""
+    out = ragged_paged_attention(q, k_pool, v_pool, table, q_pos, kv_len, scale=attn.scale,
+                                 softcap=attn.softcap, window=window, impl=RAGGED_ROUTES[route])
+    return attn.o(out.astype(q.dtype))
 
 
 def rollout_engine(engine: str) -> str:
@@ -116,13 +129,6 @@ def _store(pools: Pools, out: Pools, i: int, pages, offsets, k, v):
     return k_pool, v_pool
 
 
-def _cache_of(pool: jax.Array, table: jax.Array) -> jax.Array:
-    """The rows' pages, pool [K, P, page, H] and table [R, n], as a cache [R, K, n x page, H]."""
-    x = jnp.take(pool, table, axis=1)  # [K, R, n, page, H]
-    k, r, n, p, h = x.shape
-    return x.transpose(1, 0, 2, 3, 4).reshape(r, k, n * p, h)
-
-
 def _where(table: jax.Array, slots: jax.Array, live: jax.Array, page_size: int):
     """(page, offset) of each slot [R, T] of each row (the trash page where not `live`)."""
     column = jnp.clip(slots // page_size, 0, table.shape[1] - 1)
@@ -130,41 +136,49 @@ def _where(table: jax.Array, slots: jax.Array, live: jax.Array, page_size: int):
     return jnp.where(live, pages, TRASH), jnp.where(live, slots % page_size, 0)
 
 
-@partial(jax.jit, static_argnames=("graphdef", "page_size"), donate_argnames=("pools",))
-def prefill_chunk(graphdef, params, pools: Pools, table, start, tokens, n_valid, *,
-                  page_size: int) -> tuple[Pools, jax.Array]:
-    """Run tokens [R, C] at slots start..start+C-1 of each row ([R]; the first n_valid [R] of
-    them real), their keys and values written into the row's pages (table [R, n]: the pages up
-    to the chunk's end). Returns the pools and the logits [R, V] of each row's last real token.
-    Earlier slots (an earlier chunk, a shared prompt) are read from the pages."""
+@partial(jax.jit, static_argnames=("graphdef", "page_size", "fixed", "pallas"),
+         donate_argnames=("pools",))
+def prefill_chunk(graphdef, params, pools: Pools, table, start, tokens, n_valid, last, *,
+                  page_size: int, fixed: bool = False,
+                  pallas: str | None = None) -> tuple[Pools, jax.Array]:
+    """Run R blocks of tokens [R, C], block r at slots start[r]..start[r]+C-1 of its sequence
+    (the first n_valid [R] of them real; a prompt's chunk is one or more blocks side by side,
+    each with its sequence's page table: table [R, n]), their keys and values written into the
+    pages. Returns the pools and the logits [L, V] of the last real token of the blocks `last`
+    [L]. Earlier slots (an earlier chunk or block, a shared prompt) are read from the pages,
+    page by page (hone/kernels/paged_xla.py: never a gathered cache), up to the last page a
+    block sees, so a block costs what its sequence holds, whatever n is. fixed: loop over all n
+    page columns (a GPU: no data-dependent loop). pallas: a RAGGED_ROUTES route reads them
+    through hone's ragged kernel instead (other routes are the decode step's alone)."""
     TRACES["prefill_chunk"] += 1
     model = nnx.merge(graphdef, params)
     r, c = tokens.shape
     slots = start[:, None] + jnp.arange(c, dtype=jnp.int32)[None]  # [R, C]
     real = jnp.arange(c)[None] < n_valid[:, None]
     pages, offsets = _where(table, slots, real, page_size)
-    s = table.shape[1] * page_size
-    k_index = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (r, s))
-    k_valid = k_index < (start + n_valid)[:, None]
+    q_pos = jnp.where(real, slots, -1)
     ropes = model.rope_for(slots)
     x = model.embedder.encode(tokens)
     out: Pools = {"k": [], "v": []}
     for i, layer in enumerate(model.layers):
         kind = layer.layer_type
         cos, sin = ropes[kind]
-        spec = MaskSpec(slots, k_index, k_valid, model.window_for(kind))
+        window = model.window_for(kind)
 
-        def attend(h, i=i, cos=cos, sin=sin, layer=layer, spec=spec):
-            q, k, v = layer.attn.project_qkv(h, cos, sin)
+        def attend(h, i=i, cos=cos, sin=sin, layer=layer, window=window):
+            attn = layer.attn
+            q, k, v = attn.project_qkv(h, cos, sin)
             k_pool, v_pool = _store(pools, out, i, pages, offsets, k, v)
-            keys = _cache_of(k_pool, table).transpose(0, 2, 1, 3).astype(k.dtype)  # [R, S, K, H]
-            values = _cache_of(v_pool, table).transpose(0, 2, 1, 3).astype(v.dtype)
-            return layer.attn.attend(q, keys, values, spec, impl=model.attention,
-                                     block=model.attention_block)
+            if pallas in RAGGED_ROUTES:
+                return _ragged(attn, q, k_pool, v_pool, table, q_pos, start + n_valid, window,
+                               pallas)
+            got = ragged_attention(q, k_pool, v_pool, table, q_pos, scale=attn.scale,
+                                   softcap=attn.softcap, window=window, fixed=fixed)
+            return attn.o(got.astype(q.dtype))
 
         x = layer(x, attend)
-    last = jnp.take_along_axis(x, (n_valid - 1)[:, None, None], axis=1)  # [R, 1, D]
-    return out, model.logits_from_hidden(model.final_norm(last))[:, 0]
+    hidden = x[last, n_valid[last] - 1][:, None]  # [L, 1, D]
+    return out, model.logits_from_hidden(model.final_norm(hidden))[:, 0]
 
 
 def choose_rows(logits: jax.Array, keys: jax.Array, mode: SamplingMode, temperature,
@@ -201,16 +215,17 @@ def _zero_places(n: int) -> Places:
 
 
 @partial(jax.jit, static_argnames=("mode",), donate_argnames=("places",))
-def choose_first(logits: jax.Array, key_data: jax.Array, index: jax.Array, places: Places,
+def choose_first(logits: jax.Array, row, key_data: jax.Array, index: jax.Array, places: Places,
                  place: jax.Array, mode: SamplingMode, temperature, top_p) -> Places:
-    """The first tokens of R samples of one prompt from its last logits [V]: row r drawn with
-    fold_in(key r, index r) (key_data [R, ...]: raw keys), written to its place ([R]) as the
-    pending token and as the first token that the decode window starting it reads out. Stays
-    on the device: nothing is read here. One program, not the dozens of small operations an
-    eager draw dispatches (17 ms a group on the 2-core CPU)."""
+    """The first tokens of R samples of one prompt from its last logits (row `row` of a prefill
+    call's logits [L, V]): sample r drawn with fold_in(key r, index r) (key_data [R, ...]: raw
+    keys), written to its place ([R]) as the pending token and as the first token that the
+    decode window starting it reads out. Stays on the device: nothing is read here. One
+    program, not the dozens of small operations an eager draw dispatches (17 ms a group on the
+    2-core CPU)."""
     TRACES["choose_first"] += 1
     keys = jax.vmap(jax.random.fold_in)(jax.random.wrap_key_data(key_data), index)
-    rows = jnp.broadcast_to(logits, (index.shape[0],) + logits.shape)
+    rows = jnp.broadcast_to(logits[row], (index.shape[0], logits.shape[1]))
     token, lp, slp = choose_rows(rows, keys, mode, temperature, top_p)
     return dict(places, last=places["last"].at[place].set(token),
                 first_token=places["first_token"].at[place].set(token),
@@ -240,8 +255,9 @@ def decode_window(graphdef, params, packed, pools: Pools, places: Places, table,
     Returns the pools, the places (each row's state written back) and what the window emitted:
     [R, steps] `tokens`, `logprobs`, `sampling_logprobs`, `emitted` (False where a row was
     stopped), and [R] the `first_*` token of each row as its place holds it.
-    pallas: a route of hone/kernels/pallas_paged.py for the layers without a sliding window
-    (None: hone's CPU kernel when `packed`, else XLA's blockwise loop over pages)."""
+    pallas: a route of hone/kernels/pallas_paged.py for the layers without a sliding window, or
+    of RAGGED_ROUTES for every layer (None: hone's CPU kernel when `packed`, else XLA's
+    blockwise loop over pages)."""
     TRACES["decode_window"] += 1
     model = nnx.merge(graphdef, params)
     attach_packed(model, packed)
@@ -271,11 +287,16 @@ def decode_window(graphdef, params, packed, pools: Pools, places: Places, table,
             cos, sin = ropes[kind]
             window = model.window_for(kind)
             mask = make_mask(pos[:, None], k_index, k_valid, window)
-            route = pallas if window is None else None  # the kernels mask by length alone
+            # JAX's kernels mask by length alone; hone's ragged kernel takes windows too
+            route = pallas if window is None or pallas in RAGGED_ROUTES else None
 
-            def attend(h, i=i, cos=cos, sin=sin, layer=layer, mask=mask, route=route):
+            def attend(h, i=i, cos=cos, sin=sin, layer=layer, mask=mask, route=route,
+                       window=window):
                 q, k, v = layer.attn.project_qkv(h, cos, sin)
                 k_pool, v_pool = _store(pools, new, i, pages, offsets, k, v)
+                if route in RAGGED_ROUTES:
+                    return _ragged(layer.attn, q, k_pool, v_pool, table, pos[:, None],
+                                   jnp.where(act, pos + 1, 0), window, route)
                 return layer.attn.attend_step(q, k_pool, v_pool, mask, used, pages=table,
                                               kernel=bool(packed), pallas=route)
 

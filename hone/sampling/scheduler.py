@@ -7,19 +7,23 @@ are freed and a waiting sample takes its place at the next turn of the loop. Eac
    prompt share its full pages; each but the last copies the partly filled last page (the last
    takes the prompt's pages over), then writes its own pages;
 2. prefill: the next waiting prompts that the free places can take, `prefill_chunk` tokens in
-   all at most a call (a longer prompt goes in chunks, one a call). While fewer than half of
-   `max_seqs` sequences run, prefill calls follow each other until the places are taken (an
-   idle engine fills up first); otherwise one call a turn, so a long prompt interleaves with
-   the decoding of the others instead of stalling them;
+   all at most a call (a longer prompt goes in chunks, one a call), cut into blocks of
+   PREFILL_BLOCK tokens side by side (a call's block count a power of two). While fewer than
+   half of `max_seqs` sequences run, prefill calls follow each other until the places are
+   taken (an idle engine fills up first); otherwise one call a turn, so a long prompt
+   interleaves with the decoding of the others instead of stalling them;
 3. decode: one window of `sync_steps` steps of the running sequences in one program
    (hone/sampling/paged.py `decode_window`), after each got the pages the window writes. The
-   batch is as large as the running sequences need (`row_bucket`: 8, 16, 32, 48, 64, then
-   steps of 32 rows up to `max_seqs`), so a long tail of few sequences decodes a small batch,
-   not max_seqs rows. With `overlap`, window k+1 goes out (from the state window k leaves in
+   batch is as large as the running sequences need (`row_bucket`: 8, 16, 32, 64, ... rows up
+   to `max_seqs`), so a long tail of few sequences decodes a small batch, not max_seqs rows.
+   With `overlap`, window k+1 goes out (from the state window k leaves in
    the engine's places on the device) before window k is read: the host's work of a turn runs
    while the device decodes, and a stop is seen one window late (the stopped row rides along
    masked; a read after a sequence stopped is ignored by its epoch). Starting a sequence reads
    nothing (its first token is drawn into its place); a window is the one blocking read.
+Programs: the engine's shapes are a fixed set (`programs()`: the row counts of a decode window
+and the block counts of a prefill call, a first-token draw and a page copy of FORK_ROWS rows),
+so prompts of any length compile nothing new; `warmup()` compiles the whole set up front.
 Episodes (`run(on_turn=)`): when a sample's model turn ends (an end token, the turn's budget
 `Request.turn_tokens`), the callback answers with the tokens to append or None. Appended tokens
 go to the head of the queue as a prefill into the sample's own pages, after its cache (its
@@ -54,15 +58,19 @@ from hone.errors import InputError
 from hone.kernels.pallas_paged import IMPLS as PALLAS_IMPLS
 from hone.sampling.engine import pack_weights, split_for_sampling
 from hone.sampling.admission import Admission
-from hone.sampling.buckets import bucket, chunk_bucket
+from hone.sampling.buckets import block_bucket, block_buckets, bucket, row_buckets
 from hone.sampling.pages import TRASH, PageAllocator, default_pool, pages_for
-from hone.sampling.paged import (TPU_HEAD_DIM, choose_first, copy_pages, init_places, init_pools,
-                                 paged_route, pool_bytes, prefill_chunk)
+from hone.sampling.paged import (RAGGED_ROUTES, TPU_HEAD_DIM, choose_first, copy_pages, decode_window,
+                                 init_places, init_pools, paged_route, pool_bytes,
+                                 prefill_chunk)
 from hone.sampling.requests import PrefillJob, Request, Sample, SeqState, Turn, TurnCallback
 from hone.sampling.strategies import SamplingMode
 from hone.sampling.windows import Windows, Window, default_overlap, default_window
 
 __all__ = ["PagedEngine", "Request", "Sample", "Turn"]
+
+PREFILL_BLOCK = 32  # tokens a prefill block holds (fewer when prefill_chunk is smaller)
+FORK_ROWS = 8  # samples a call of choose_first, page pairs a call of copy_pages
 
 
 class PagedEngine(Windows, Admission):
@@ -76,7 +84,8 @@ class PagedEngine(Windows, Admission):
         """attention: how a decode step reads the pages (hone/kernels/pallas_paged.py routes;
         None: the Pallas kernel on a GPU, else hone's CPU kernel or XLA's loop over pages;
         `paged_route` says which). "tpu" takes the Pallas TPU kernel, for head_dim a multiple
-        of 128 only. sync_steps: the decode window's steps (None: `default_window()`).
+        of 128 only; "ragged" hone's ragged paged-attention kernel (TPU), prefill blocks and
+        every layer's decode steps ("ragged-interpret": the same, interpreted). sync_steps: the decode window's steps (None: `default_window()`).
         overlap: dispatch each window before reading the one before it (None:
         `default_overlap()`). eager_first: read each sequence's first token as soon as it is
         drawn (a server's time to first token) instead of with its first window."""
@@ -92,15 +101,18 @@ class PagedEngine(Windows, Admission):
         self.model, self.max_seqs, self.page_size = model, max_seqs, page_size
         self.max_len = max_len or cfg.max_position_embeddings
         self.prefill_chunk, self.sync_steps = prefill_chunk, sync_steps
+        self.prefill_block = min(PREFILL_BLOCK, prefill_chunk)  # a prefill call's block width
+        self.prefill_blocks = max(1, prefill_chunk // self.prefill_block)  # blocks a call
         self.cache_dtype = jnp.dtype(cache_dtype or model.embedder.embedding[...].dtype)
         self.num_pages = num_pages or default_pool(max_seqs, self.max_len, page_size)
         self.table_width = pages_for(self.max_len, page_size)  # decode's page-table columns
         self.kv_bytes = pool_bytes(model, self.num_pages, page_size, self.cache_dtype)
         self.pools = self.places = None
         self.attention = paged_route() if attention is None else attention
-        if self.attention not in (None, *PALLAS_IMPLS):
+        if self.attention not in (None, *PALLAS_IMPLS, *RAGGED_ROUTES):
             raise InputError(f"unknown attention route {attention!r}; allowed: "
-                             f"{', '.join(PALLAS_IMPLS)} or None", key="attention")
+                             f"{', '.join((*PALLAS_IMPLS, *RAGGED_ROUTES))} or None",
+                             key="attention")
         if self.attention == "tpu" and cfg.head_dim % TPU_HEAD_DIM:
             raise InputError(f"the Pallas TPU kernel needs head_dim a multiple of {TPU_HEAD_DIM} "
                              f"(its blocks span the head dimension); this model's is "
@@ -118,21 +130,10 @@ class PagedEngine(Windows, Admission):
         turn of the loop (waiting when nothing runs) until it says it is closed; it is told each
         sample's new tokens as they come and each finished sample, and `run` returns [] (the
         samples went to the feed)."""
-        model = self.model
-        self.mode = SamplingMode(greedy=temperature == 0.0, top_k=top_k,
-                                 use_top_p=top_p is not None)
-        self.temperature = jnp.float32(temperature or 1.0)
-        self.top_p = jnp.float32(top_p if top_p is not None else 1.0)
-        self.eos = jnp.asarray(list(eos_ids) or [-1], jnp.int32)
-        self.eos_set = {int(e) for e in eos_ids}
+        self._settings(temperature, top_k, top_p, eos_ids)
         self.prompts: dict[int, list[int]] = {}
         self.feed, self.unfinished = feed, collections.Counter()  # request -> samples to go
         self.on_turn = on_turn
-        self.graphdef, self.params = split_for_sampling(model)
-        self.packed = pack_weights(self.graphdef, self.params)
-        if self.pools is None:
-            self.pools = init_pools(model, self.num_pages, self.page_size, self.cache_dtype)
-            self.places = init_places(self.max_seqs, self.pools)
         self.free_places = list(range(self.max_seqs - 1, -1, -1))
         self.unread: Window | None = None  # a dispatched decode window not read yet
         self.alloc = PageAllocator(self.num_pages)
@@ -179,6 +180,64 @@ class PagedEngine(Windows, Admission):
         self.stats["peak_pages"] = self.alloc.peak
         return results
 
+    def _settings(self, temperature, top_k, top_p, eos_ids) -> None:
+        """A run's sampling settings, and the weights and pools its programs take."""
+        self.mode = SamplingMode(greedy=temperature == 0.0, top_k=top_k,
+                                 use_top_p=top_p is not None)
+        self.temperature = np.float32(temperature or 1.0)
+        self.top_p = np.float32(top_p if top_p is not None else 1.0)
+        eos = list(eos_ids)  # padded with -1 (no token) to a handful of sizes
+        self.eos = jax.device_put(np.asarray(eos + [-1] * (bucket(len(eos), minimum=8)
+                                                        - len(eos)), np.int32))
+        self.eos_set = {int(e) for e in eos_ids}
+        self.graphdef, self.params = split_for_sampling(self.model)
+        self.packed = pack_weights(self.graphdef, self.params)
+        if self.pools is None:
+            self.pools = init_pools(self.model, self.num_pages, self.page_size, self.cache_dtype)
+            self.places = init_places(self.max_seqs, self.pools)
+
+    def programs(self) -> dict[str, list[int]]:
+        """The shapes of every program a run of this engine can take: decode windows of
+        `rows` sequences, prefill calls of `blocks` blocks (a page copy and a first-token draw
+        of FORK_ROWS rows besides)."""
+        return {"rows": row_buckets(self.max_seqs), "blocks": block_buckets(self.prefill_blocks)}
+
+    def warmup(self, *, temperature: float = 1.0, top_k: int | None = None,
+               top_p: float | None = None, eos_ids=()) -> None:
+        """Compile every program a run with these sampling settings can take (`programs`), by
+        running each once on nothing (padding rows, the trash page): later runs, new weights
+        and prompts of any length included, compile nothing more. Returns when they ran."""
+        self._settings(temperature, top_k, top_p, eos_ids)
+        width, cap = self.prefill_block, self.prefill_blocks
+        logits = None
+        for rows in self.programs()["blocks"]:
+            self.pools, logits = prefill_chunk(
+                self.graphdef, self.params, self.pools,
+                np.full((rows, self.table_width), TRASH, np.int32), np.zeros(rows, np.int32),
+                np.zeros((rows, width), np.int32), np.zeros(rows, np.int32),
+                np.zeros(cap, np.int32), page_size=self.page_size, fixed=self.fixed_window,
+                pallas=self.attention)
+        spare = [self.max_seqs] * FORK_ROWS
+        self.pools = copy_pages(self.pools, np.asarray([TRASH] * FORK_ROWS),
+                                np.asarray([TRASH] * FORK_ROWS))
+        key = np.asarray(jax.random.key_data(jax.random.key(0)))
+        self.places = choose_first(logits, np.int32(0), np.asarray(np.stack([key] * FORK_ROWS)),
+                                   np.zeros(FORK_ROWS, np.int32), self.places,
+                                   np.asarray(spare, np.int32), self.mode, self.temperature,
+                                   self.top_p)
+        for rows in self.programs()["rows"]:
+            st = {"place": np.full(rows, self.max_seqs, np.int32), "fresh": np.ones(rows, bool),
+                  "host_last": np.zeros(rows, bool), "last": np.zeros(rows, np.int32),
+                  "length": np.zeros(rows, np.int32), "index": np.zeros(rows, np.int32),
+                  "limit": np.zeros(rows, np.int32), "key_data": np.stack([key] * rows)}
+            self.pools, self.places, out = decode_window(
+                self.graphdef, self.params, self.packed, self.pools, self.places,
+                np.full((rows, self.table_width), TRASH, np.int32),
+                {k: np.asarray(v) for k, v in st.items()}, self.eos, self.temperature,
+                self.top_p, mode=self.mode, page_size=self.page_size, steps=self.sync_steps,
+                pallas=self.attention, fixed=self.fixed_window)
+        jax.block_until_ready((self.pools, self.places, out))
+
     # ---- 1. fork -----------------------------------------------------------------------------
     def _fork(self) -> bool:
         """Start the samples of prefilled groups in the free places; whether any started."""
@@ -194,9 +253,7 @@ class PagedEngine(Windows, Admission):
                 break
             moved = True
             if copies:
-                src = [group.pages[full]] * copied
-                self.pools = copy_pages(self.pools, jnp.asarray(src, jnp.int32),
-                                        jnp.asarray(copies, jnp.int32))
+                self._copy_pages([group.pages[full]] * copied, copies)
             for k, seq in enumerate(seqs):
                 if last and k == len(seqs) - 1:  # the group's own references pass to it
                     seq.pages = list(group.pages)
@@ -213,19 +270,36 @@ class PagedEngine(Windows, Admission):
                 for s in seqs:
                     if s.key_data is None:
                         s.key_data = np.asarray(jax.random.key_data(s.key))
-                rows = bucket(len(seqs), minimum=1)  # padded with copies of the first
-                picks = seqs + [seqs[0]] * (rows - len(seqs))
-                self.places = choose_first(
-                    group.logits, jnp.asarray(np.stack([s.key_data for s in picks])),
-                    jnp.asarray([len(s.out.tokens) for s in picks], jnp.int32), self.places,
-                    jnp.asarray([s.place for s in picks], jnp.int32), self.mode,
-                    self.temperature, self.top_p)
+                self._choose_first(group.logits, seqs)
                 if self.eager_first:  # a stream sends the first token before any window
                     self._read_first(seqs)
             group.samples = group.samples[len(seqs):]
             if not group.samples:
                 self.ready.popleft()
         return moved
+
+    def _copy_pages(self, src: list[int], dst: list[int]) -> None:
+        """Page src[i] copied to page dst[i], FORK_ROWS pairs a call (one program; padded with
+        copies of the trash page)."""
+        for lo in range(0, len(src), FORK_ROWS):
+            pad = [TRASH] * (FORK_ROWS - len(src[lo:lo + FORK_ROWS]))
+            self.pools = copy_pages(self.pools, np.asarray(src[lo:lo + FORK_ROWS] + pad),
+                                    np.asarray(dst[lo:lo + FORK_ROWS] + pad))
+
+    def _choose_first(self, logits, seqs: list[SeqState]) -> None:
+        """The first tokens of seqs, samples of one prompt whose logits are row `logits[1]` of
+        the array `logits[0]` (a prefill call's), drawn into their places: FORK_ROWS samples a
+        call (one program; padded rows draw into the spare place)."""
+        array, row = logits
+        for lo in range(0, len(seqs), FORK_ROWS):
+            part = seqs[lo:lo + FORK_ROWS]
+            pad = FORK_ROWS - len(part)
+            self.places = choose_first(
+                array, np.int32(row),
+                np.asarray(np.stack([s.key_data for s in part] + [part[0].key_data] * pad)),
+                np.asarray([len(s.out.tokens) for s in part] + [0] * pad, np.int32),
+                self.places, np.asarray([s.place for s in part] + [self.max_seqs] * pad,
+                                         np.int32), self.mode, self.temperature, self.top_p)
 
     def _start(self, seq: SeqState, length: int, token: int | None = None) -> None:
         """seq runs from slot `length` on, its pending token `token` (None: a first token
@@ -293,17 +367,18 @@ class PagedEngine(Windows, Admission):
     # ---- 2. prefill --------------------------------------------------------------------------
     def _prefill(self) -> bool:
         """One chunk each of the waiting prompts that the free places can take (their samples
-        counted), at most `prefill_chunk` tokens in all, in one program of one row each;
-        False when the pool has no pages for the first of them yet."""
+        counted), at most `prefill_chunk` tokens in all, cut into blocks of `prefill_block`
+        tokens (a call's blocks a power of two: a handful of programs, whatever the prompts'
+        lengths); False when the pool has no pages for the first of them yet."""
         free = self._unclaimed()
-        picked, budget = [], self.prefill_chunk
+        picked, left = [], self.prefill_blocks
         for group in self.queue:
-            if free <= 0 or budget <= 0:
+            if free <= 0 or left <= 0:
                 break
-            size = min(len(group.tokens) - group.done, budget)
+            size = min(len(group.tokens) - group.done, left * self.prefill_block)
             picked.append((group, size))
             free -= len(group.samples)
-            budget -= size
+            left -= -(-size // self.prefill_block)
         for k, (group, size) in enumerate(picked):
             need = pages_for(group.offset + group.done + size, self.page_size) - len(group.pages)
             before = self.stats["preempted"]
@@ -318,28 +393,35 @@ class PagedEngine(Windows, Admission):
                 break
         if not picked:
             return False
-        width = min(chunk_bucket(max(size for _, size in picked)), self.prefill_chunk)
-        rows = bucket(len(picked), minimum=1)
-        n = bucket(max(pages_for(g.offset + g.done + width, self.page_size)
-                       for g, _ in picked), minimum=1)
-        table = np.full((rows, n), TRASH, np.int32)
+        width = self.prefill_block
+        blocks = sum(-(-size // width) for _, size in picked)
+        rows = block_bucket(blocks, self.prefill_blocks)
+        table = np.full((rows, self.table_width), TRASH, np.int32)
         tokens = np.zeros((rows, width), np.int32)
-        start, n_valid = np.zeros(rows, np.int32), np.ones(rows, np.int32)
-        for r, (group, size) in enumerate(picked):
-            table[r, :len(group.pages)] = group.pages
-            tokens[r, :size] = group.tokens[group.done:group.done + size]
-            start[r], n_valid[r] = group.offset + group.done, size
+        start, n_valid = np.zeros(rows, np.int32), np.zeros(rows, np.int32)
+        last = np.zeros(self.prefill_blocks, np.int32)  # each group's last block
+        r = 0
+        for k, (group, size) in enumerate(picked):
+            at = group.offset + group.done
+            for lo in range(0, size, width):
+                n = min(width, size - lo)
+                table[r, :len(group.pages)] = group.pages
+                tokens[r, :n] = group.tokens[group.done + lo:group.done + lo + n]
+                start[r], n_valid[r] = at + lo, n
+                r += 1
+            last[k] = r - 1
         t0 = time.perf_counter()
         self.pools, logits = prefill_chunk(  # not waited for: its samples draw on the device
-            self.graphdef, self.params, self.pools, jnp.asarray(table), jnp.asarray(start),
-            jnp.asarray(tokens), jnp.asarray(n_valid), page_size=self.page_size)
+            self.graphdef, self.params, self.pools, np.asarray(table), np.asarray(start),
+            np.asarray(tokens), np.asarray(n_valid), np.asarray(last),
+            page_size=self.page_size, fixed=self.fixed_window, pallas=self.attention)
         self.stats["prefill_calls"] += 1
         self.stats["prefill_tokens"] += sum(size for _, size in picked)
         self.stats["prefill_s"] += time.perf_counter() - t0
-        for r, (group, size) in enumerate(picked):
+        for k, (group, size) in enumerate(picked):
             group.done += size
             if group.done == len(group.tokens):
-                group.logits = logits[r]
+                group.logits = (logits, k)
                 self.queue.remove(group)
                 self.ready.append(group)
         return True

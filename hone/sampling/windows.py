@@ -78,11 +78,11 @@ class Windows:
                                                                   seq.host_last)
             st["last"][r], st["length"][r] = seq.last, seq.length
             st["index"][r], st["limit"][r] = len(seq.out.tokens) + seq.ahead, seq.turn_end
-        rows_in = {k: jnp.asarray(v) for k, v in st.items()}
-        rows_in["key_data"] = jnp.asarray(np.stack(keys + [keys[0]] * (rows - len(live))))
+        rows_in = {k: np.asarray(v) for k, v in st.items()}
+        rows_in["key_data"] = np.asarray(np.stack(keys + [keys[0]] * (rows - len(live))))
         self.pools, self.places, out = decode_window(
             self.graphdef, self.params, self.packed, self.pools, self.places,
-            jnp.asarray(table), rows_in, self.eos, self.temperature, self.top_p, mode=self.mode,
+            np.asarray(table), rows_in, self.eos, self.temperature, self.top_p, mode=self.mode,
             page_size=self.page_size, steps=self.sync_steps, pallas=self.attention,
             fixed=self.fixed_window)
         for leaf in jax.tree.leaves(out):  # on its way to the host while the device works
@@ -153,12 +153,12 @@ class Windows:
         """Read the first tokens of `seqs` (drawn into their places, not read yet) now, in one
         blocking read: for a sequence about to be preempted, and for a server's stream
         (`eager_first`); their turns end here if the token ends them."""
-        places = jnp.asarray([seq.place for seq in seqs], jnp.int32)
-        got = jax.device_get({k: self.places[k][places] for k in (
+        got = jax.device_get({k: self.places[k] for k in (  # whole: no program to compile
             "first_token", "first_logprob", "first_sampling_logprob")})
         self.stats["host_waits"] += 1
-        for k, seq in enumerate(seqs):
+        for seq in seqs:
             seq.first, seq.ahead, seq.host_last = False, seq.ahead - 1, True
+            k = seq.place
             self._take(seq, [int(got["first_token"][k])], [float(got["first_logprob"][k])],
                        [float(got["first_sampling_logprob"][k])])
 

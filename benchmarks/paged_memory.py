@@ -10,7 +10,7 @@ call) are lowered and compiled, not run, and their argument, output, alias and t
 bytes printed as one JSON line each. Model: a random-init shape (default SmolLM2-135M's).
 
     .venv/bin/python benchmarks/paged_memory.py [--model smollm2-135m] [--rows 256]
-        [--pools 4608,9216] [--max-len 576,1152] [--dtype bfloat16]
+        [--pools 2304,9216] [--max-len 576,2304] [--dtype bfloat16]
 """
 
 from __future__ import annotations
@@ -26,8 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from hone.sampling.paged import decode_window, prefill_chunk  # noqa: E402
+from hone.sampling.engine import split_for_sampling  # noqa: E402
+from hone.sampling.paged import (PLACE_FIELDS, decode_window, init_pools,  # noqa: E402
+                                 prefill_chunk)
 from hone.sampling.scheduler import PagedEngine  # noqa: E402
+from hone.sampling.strategies import SamplingMode  # noqa: E402
 from hone.weights.loading import load_model  # noqa: E402
 
 
@@ -39,7 +42,14 @@ def analysis(compiled) -> dict:
 
 def measure(model, rows: int, num_pages: int, max_len: int) -> list[dict]:
     eng = PagedEngine(model, max_seqs=rows, num_pages=num_pages, max_len=max_len)
-    eng._settings(1.0, None, None, ())
+    eng.graphdef, eng.params = split_for_sampling(model)
+    eng.mode = SamplingMode(greedy=False, top_k=None, use_top_p=False)
+    eng.temperature, eng.top_p, eng.eos = np.float32(1), np.float32(1), np.full(8, -1, np.int32)
+    # Shapes only: the pools are never allocated (lowering takes their shapes).
+    eng.pools = jax.eval_shape(lambda: init_pools(model, num_pages, eng.page_size,
+                                                  eng.cache_dtype))
+    eng.places = {name: jax.ShapeDtypeStruct((rows + 1,), dtype)
+                  for name, dtype in PLACE_FIELDS.items()}
     key = np.asarray(jax.random.key_data(jax.random.key(0)))
     table = np.zeros((rows, eng.table_width), np.int32)
     st = {"place": np.zeros(rows, np.int32), "fresh": np.ones(rows, bool),
@@ -73,8 +83,8 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--rows", type=int, default=256)
-    ap.add_argument("--pools", default="4608,9216", help="num_pages of each pool measured")
-    ap.add_argument("--max-len", default="576,1152", help="max_len (tables' width) of each")
+    ap.add_argument("--pools", default="2304,9216", help="num_pages of each pool measured")
+    ap.add_argument("--max-len", default="576,2304", help="max_len (tables' width) of each")
     ap.add_argument("--dtype", default="bfloat16")
     args = ap.parse_args(argv)
     model = load_model(args.model, args.dtype)

@@ -167,11 +167,14 @@ def paged_attention(kernel_report: dict) -> str:
         text = "XLA gathers, one page per block of a running softmax"
     if jax.default_backend() == "tpu":
         text += (" (the Pallas TPU kernel measured slower; PagedEngine(attention='tpu') takes it, "
-                 f"for head_dim a multiple of {TPU_HEAD_DIM})")
+                 f"for head_dim a multiple of {TPU_HEAD_DIM}; attention='ragged' hone's ragged "
+                 "kernel, not yet measured on a TPU)")
     from hone.sampling.windows import default_overlap, default_window
     text += (f"; decode windows of {default_window()} steps, "
              f"{'dispatched before the last is read' if default_overlap() else 'read at once'}"
-             f"{', a fixed trip count' if jax.default_backend() == 'gpu' else ''}")
+             f"{', a fixed trip count' if jax.default_backend() == 'gpu' else ''}"
+             "; prefill in blocks of 32 tokens over XLA's loop over pages; a fixed set of "
+             "programs (PagedEngine.warmup compiles them)")
     return text + f"; RL rollouts with engine=auto: {rollout_engine('auto')}"
 
 

@@ -19,8 +19,10 @@ engines) over the wall time of the whole rollout, prefill included; kv_bytes is 
 engine allocated (static: its cache; paged: its page pool); peak_rss_mb the process's peak.
 Paged rows add what the decode windows did over the timed rollouts: `window` and `overlap` (the
 engine's settings), `windows`, `decode_steps`, `host_waits` (blocking reads of the device),
-`wasted_row_steps` (row-steps of stopped rows and padding) of `row_steps`; and, for the first
-rollout and for the timed ones, `programs` (JAX programs traced, jax.monitoring's trace events)
+`wasted_row_steps` (row-steps of stopped rows and padding) of `row_steps`, `engine_programs`
+and `later_engine_programs` (the engine's own programs traced in the first rollout and in the
+timed ones); and, for the first rollout and for the timed ones, `programs` (JAX programs
+traced, jax.monitoring's trace events: the engine's and every other, the weights' packing say)
 and `compile_s` (XLA's compile time; a program taken from a persistent compilation cache
 counts as traced, not compiled); with --warmup, `warmup_s`, `warmup_programs` and
 `warmup_compile_s` of `PagedEngine.warmup` before the first rollout. --prompt-lens LO-HI draws
@@ -125,6 +127,7 @@ def rollout_row(model: str, workload: str, engine: str, *, prompts: int = 32,
 
     from hone.sampling.buckets import bucket
     from hone.sampling.generate import generate
+    from hone.sampling.paged import TRACES
     from hone.sampling.scheduler import PagedEngine, Request
     from hone.weights.loading import load_model
 
@@ -170,13 +173,16 @@ def rollout_row(model: str, workload: str, engine: str, *, prompts: int = 32,
             extra.update(warmup_s=time.perf_counter() - start, warmup_programs=counter.programs,
                          warmup_compile_s=counter.compile_s)
         log(f"warmup: {extra['warmup_s']:.1f} s, {counter.programs} programs traced")
+    traces = []  # the engine's own programs traced in each rollout
     for i in range(1 + repeats):
         jax.block_until_ready(jnp.zeros(()))
+        before = sum(TRACES.values())
         with counter:
             start = time.perf_counter()
             out = once()
             times.append(time.perf_counter() - start)
         compiles.append((counter.programs, counter.compile_s))
+        traces.append(sum(TRACES.values()) - before)
         if engine == "paged" and (i > 0 or not repeats):
             for k in ("decode_calls", "decode_steps", "host_waits", "wasted_row_steps",
                       "row_steps"):
@@ -193,6 +199,8 @@ def rollout_row(model: str, workload: str, engine: str, *, prompts: int = 32,
                  mean_length=float(np.mean(lengths)))
     extra.update(programs=compiles[0][0], compile_s=compiles[0][1],
                  later_programs=sum(c[0] for c in compiles[1:]))
+    if engine == "paged":
+        extra.update(engine_programs=traces[0], later_engine_programs=sum(traces[1:]))
     if engine == "paged":
         extra.update(max_seqs=max_seqs, num_pages=paged.num_pages,
                      preempted=paged.stats["preempted"],

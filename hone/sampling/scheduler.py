@@ -14,8 +14,8 @@ are freed and a waiting sample takes its place at the next turn of the loop. Eac
    interleaves with the decoding of the others instead of stalling them;
 3. decode: one window of `sync_steps` steps of the running sequences in one program
    (hone/sampling/paged.py `decode_window`), after each got the pages the window writes. The
-   batch is as large as the running sequences need (`row_bucket`: 8, 16, 32, 64, ... rows up
-   to `max_seqs`), so a long tail of few sequences decodes a small batch, not max_seqs rows.
+   batch is as large as the running sequences need (`row_bucket`: 16, 32, 48, 64, 96, ... rows
+   up to `max_seqs`), so a long tail of few sequences decodes a small batch, not max_seqs rows.
    With `overlap`, window k+1 goes out (from the state window k leaves in
    the engine's places on the device) before window k is read: the host's work of a turn runs
    while the device decodes, and a stop is seen one window late (the stopped row rides along
@@ -56,24 +56,20 @@ import numpy as np
 
 from hone.errors import InputError
 from hone.kernels.pallas_paged import IMPLS as PALLAS_IMPLS
-from hone.sampling.engine import pack_weights, split_for_sampling
 from hone.sampling.admission import Admission
-from hone.sampling.buckets import block_bucket, block_buckets, bucket, row_buckets
+from hone.sampling.buckets import block_bucket
 from hone.sampling.pages import TRASH, PageAllocator, default_pool, pages_for
-from hone.sampling.paged import (RAGGED_ROUTES, TPU_HEAD_DIM, choose_first, copy_pages, decode_window,
-                                 init_places, init_pools, paged_route, pool_bytes,
-                                 prefill_chunk)
+from hone.sampling.paged import RAGGED_ROUTES, TPU_HEAD_DIM, paged_route, pool_bytes, prefill_chunk
+from hone.sampling.programs import Programs
 from hone.sampling.requests import PrefillJob, Request, Sample, SeqState, Turn, TurnCallback
-from hone.sampling.strategies import SamplingMode
 from hone.sampling.windows import Windows, Window, default_overlap, default_window
 
 __all__ = ["PagedEngine", "Request", "Sample", "Turn"]
 
 PREFILL_BLOCK = 32  # tokens a prefill block holds (fewer when prefill_chunk is smaller)
-FORK_ROWS = 8  # samples a call of choose_first, page pairs a call of copy_pages
 
 
-class PagedEngine(Windows, Admission):
+class PagedEngine(Programs, Windows, Admission):
     """Paged KV cache + continuous batching for one model's weights (see the module doc)."""
 
     def __init__(self, model, *, max_seqs: int = 8, page_size: int = 64,
@@ -85,7 +81,8 @@ class PagedEngine(Windows, Admission):
         None: the Pallas kernel on a GPU, else hone's CPU kernel or XLA's loop over pages;
         `paged_route` says which). "tpu" takes the Pallas TPU kernel, for head_dim a multiple
         of 128 only; "ragged" hone's ragged paged-attention kernel (TPU), prefill blocks and
-        every layer's decode steps ("ragged-interpret": the same, interpreted). sync_steps: the decode window's steps (None: `default_window()`).
+        every layer's decode steps ("ragged-interpret": the same, interpreted). sync_steps: the
+        decode window's steps (None: `default_window()`).
         overlap: dispatch each window before reading the one before it (None:
         `default_overlap()`). eager_first: read each sequence's first token as soon as it is
         drawn (a server's time to first token) instead of with its first window."""
@@ -180,64 +177,6 @@ class PagedEngine(Windows, Admission):
         self.stats["peak_pages"] = self.alloc.peak
         return results
 
-    def _settings(self, temperature, top_k, top_p, eos_ids) -> None:
-        """A run's sampling settings, and the weights and pools its programs take."""
-        self.mode = SamplingMode(greedy=temperature == 0.0, top_k=top_k,
-                                 use_top_p=top_p is not None)
-        self.temperature = np.float32(temperature or 1.0)
-        self.top_p = np.float32(top_p if top_p is not None else 1.0)
-        eos = list(eos_ids)  # padded with -1 (no token) to a handful of sizes
-        self.eos = jax.device_put(np.asarray(eos + [-1] * (bucket(len(eos), minimum=8)
-                                                        - len(eos)), np.int32))
-        self.eos_set = {int(e) for e in eos_ids}
-        self.graphdef, self.params = split_for_sampling(self.model)
-        self.packed = pack_weights(self.graphdef, self.params)
-        if self.pools is None:
-            self.pools = init_pools(self.model, self.num_pages, self.page_size, self.cache_dtype)
-            self.places = init_places(self.max_seqs, self.pools)
-
-    def programs(self) -> dict[str, list[int]]:
-        """The shapes of every program a run of this engine can take: decode windows of
-        `rows` sequences, prefill calls of `blocks` blocks (a page copy and a first-token draw
-        of FORK_ROWS rows besides)."""
-        return {"rows": row_buckets(self.max_seqs), "blocks": block_buckets(self.prefill_blocks)}
-
-    def warmup(self, *, temperature: float = 1.0, top_k: int | None = None,
-               top_p: float | None = None, eos_ids=()) -> None:
-        """Compile every program a run with these sampling settings can take (`programs`), by
-        running each once on nothing (padding rows, the trash page): later runs, new weights
-        and prompts of any length included, compile nothing more. Returns when they ran."""
-        self._settings(temperature, top_k, top_p, eos_ids)
-        width, cap = self.prefill_block, self.prefill_blocks
-        logits = None
-        for rows in self.programs()["blocks"]:
-            self.pools, logits = prefill_chunk(
-                self.graphdef, self.params, self.pools,
-                np.full((rows, self.table_width), TRASH, np.int32), np.zeros(rows, np.int32),
-                np.zeros((rows, width), np.int32), np.zeros(rows, np.int32),
-                np.zeros(cap, np.int32), page_size=self.page_size, fixed=self.fixed_window,
-                pallas=self.attention)
-        spare = [self.max_seqs] * FORK_ROWS
-        self.pools = copy_pages(self.pools, np.asarray([TRASH] * FORK_ROWS),
-                                np.asarray([TRASH] * FORK_ROWS))
-        key = np.asarray(jax.random.key_data(jax.random.key(0)))
-        self.places = choose_first(logits, np.int32(0), np.asarray(np.stack([key] * FORK_ROWS)),
-                                   np.zeros(FORK_ROWS, np.int32), self.places,
-                                   np.asarray(spare, np.int32), self.mode, self.temperature,
-                                   self.top_p)
-        for rows in self.programs()["rows"]:
-            st = {"place": np.full(rows, self.max_seqs, np.int32), "fresh": np.ones(rows, bool),
-                  "host_last": np.zeros(rows, bool), "last": np.zeros(rows, np.int32),
-                  "length": np.zeros(rows, np.int32), "index": np.zeros(rows, np.int32),
-                  "limit": np.zeros(rows, np.int32), "key_data": np.stack([key] * rows)}
-            self.pools, self.places, out = decode_window(
-                self.graphdef, self.params, self.packed, self.pools, self.places,
-                np.full((rows, self.table_width), TRASH, np.int32),
-                {k: np.asarray(v) for k, v in st.items()}, self.eos, self.temperature,
-                self.top_p, mode=self.mode, page_size=self.page_size, steps=self.sync_steps,
-                pallas=self.attention, fixed=self.fixed_window)
-        jax.block_until_ready((self.pools, self.places, out))
-
     # ---- 1. fork -----------------------------------------------------------------------------
     def _fork(self) -> bool:
         """Start the samples of prefilled groups in the free places; whether any started."""
@@ -277,29 +216,6 @@ class PagedEngine(Windows, Admission):
             if not group.samples:
                 self.ready.popleft()
         return moved
-
-    def _copy_pages(self, src: list[int], dst: list[int]) -> None:
-        """Page src[i] copied to page dst[i], FORK_ROWS pairs a call (one program; padded with
-        copies of the trash page)."""
-        for lo in range(0, len(src), FORK_ROWS):
-            pad = [TRASH] * (FORK_ROWS - len(src[lo:lo + FORK_ROWS]))
-            self.pools = copy_pages(self.pools, np.asarray(src[lo:lo + FORK_ROWS] + pad),
-                                    np.asarray(dst[lo:lo + FORK_ROWS] + pad))
-
-    def _choose_first(self, logits, seqs: list[SeqState]) -> None:
-        """The first tokens of seqs, samples of one prompt whose logits are row `logits[1]` of
-        the array `logits[0]` (a prefill call's), drawn into their places: FORK_ROWS samples a
-        call (one program; padded rows draw into the spare place)."""
-        array, row = logits
-        for lo in range(0, len(seqs), FORK_ROWS):
-            part = seqs[lo:lo + FORK_ROWS]
-            pad = FORK_ROWS - len(part)
-            self.places = choose_first(
-                array, np.int32(row),
-                np.asarray(np.stack([s.key_data for s in part] + [part[0].key_data] * pad)),
-                np.asarray([len(s.out.tokens) for s in part] + [0] * pad, np.int32),
-                self.places, np.asarray([s.place for s in part] + [self.max_seqs] * pad,
-                                         np.int32), self.mode, self.temperature, self.top_p)
 
     def _start(self, seq: SeqState, length: int, token: int | None = None) -> None:
         """seq runs from slot `length` on, its pending token `token` (None: a first token

@@ -28,10 +28,10 @@ def engine_traces(before: dict) -> dict:
 
 
 def test_buckets():
-    assert row_buckets(64) == [8, 16, 32, 64]
-    assert row_buckets(256) == [8, 16, 32, 64, 128, 256]
+    assert row_buckets(64) == [16, 32, 48, 64]
+    assert row_buckets(256) == [16, 32, 48, 64, 96, 128, 192, 256]
     assert row_buckets(6) == [6] and row_bucket(3, 6) == 6
-    assert [row_bucket(n, 100) for n in (1, 9, 33, 65, 99)] == [8, 16, 64, 100, 100]
+    assert [row_bucket(n, 100) for n in (1, 17, 33, 49, 65, 99)] == [16, 32, 48, 64, 96, 100]
     assert block_buckets(32) == [1, 2, 4, 8, 16, 32]
     assert block_buckets(12) == [1, 2, 4, 8, 12] and block_bucket(9, 12) == 12
     assert all(row_bucket(n, 64) in row_buckets(64) for n in range(1, 65))
@@ -40,8 +40,8 @@ def test_buckets():
 
 def test_warmup_compiles_everything_once():
     model = hone.load_model("tiny")
-    eng = PagedEngine(model, max_seqs=12, page_size=8, max_len=256, prefill_chunk=128)
-    assert eng.programs() == {"rows": [8, 12], "blocks": [1, 2, 4]}
+    eng = PagedEngine(model, max_seqs=20, page_size=8, max_len=256, prefill_chunk=128)
+    assert eng.programs() == {"rows": [16, 20], "blocks": [1, 2, 4]}
     counter, before = compile_counter(), dict(paged.TRACES)
     with counter:
         eng.warmup(temperature=1.0, eos_ids=(5, 9))

@@ -18,7 +18,7 @@ from test_paged_turns import environment
 import hone
 from hone.sampling.scheduler import PagedEngine, Request
 
-# The engine's default (32-step windows, overlap) runs in every other paged test.
+# The engine's default (16-step windows on the CPU, overlap) runs in every other paged test.
 SETTINGS = {"w1": dict(sync_steps=1, overlap=False), "w5 overlap": dict(sync_steps=5, overlap=True),
             "w3 fixed overlap": dict(sync_steps=3, overlap=True, fixed=True)}
 

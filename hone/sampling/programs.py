@@ -17,8 +17,7 @@ import numpy as np
 from hone.sampling.buckets import block_buckets, bucket, row_buckets
 from hone.sampling.engine import pack_weights, split_for_sampling
 from hone.sampling.pages import TRASH
-from hone.sampling.paged import (choose_first, copy_pages, decode_window, init_places,
-                                 init_pools, prefill_chunk)
+from hone.sampling.paged import choose_first, copy_pages, init_places, init_pools, prefill_chunk
 from hone.sampling.requests import SeqState
 from hone.sampling.strategies import SamplingMode
 
@@ -30,7 +29,8 @@ FORK_ROWS = 8  # samples a call of choose_first, page pairs a call of copy_pages
 class Programs:
     """The programs part of the engine; `PagedEngine` owns the state these read and set:
     model, max_seqs, page_size, num_pages, cache_dtype, table_width, prefill_block,
-    prefill_blocks, sync_steps, attention, fixed_window, pools, places."""
+    prefill_blocks, sync_steps, attention, fixed_window, pools, places, and the decode
+    window's dispatch (`Windows._launch`)."""
 
     def _settings(self, temperature, top_k, top_p, eos_ids) -> None:
         """A run's sampling settings, and the weights and pools its programs take."""
@@ -61,14 +61,11 @@ class Programs:
         and prompts of any length included, compile nothing more. Returns when they ran."""
         self._settings(temperature, top_k, top_p, eos_ids)
         width, cap = self.prefill_block, self.prefill_blocks
-        logits = None
-        for rows in self.programs()["blocks"]:
-            self.pools, logits = prefill_chunk(
-                self.graphdef, self.params, self.pools,
+        for rows in self.programs()["blocks"]:  # blocks of padding: nothing written or read
+            logits = self._run_prefill(
                 np.full((rows, self.table_width), TRASH, np.int32), np.zeros(rows, np.int32),
                 np.zeros((rows, width), np.int32), np.zeros(rows, np.int32),
-                np.zeros(cap, np.int32), page_size=self.page_size, fixed=self.fixed_window,
-                pallas=self.attention)
+                np.zeros(cap, np.int32))
         spare = [self.max_seqs] * FORK_ROWS
         self.pools = copy_pages(self.pools, np.asarray([TRASH] * FORK_ROWS),
                                 np.asarray([TRASH] * FORK_ROWS))
@@ -78,17 +75,16 @@ class Programs:
                                    np.asarray(spare, np.int32), self.mode, self.temperature,
                                    self.top_p)
         for rows in self.programs()["rows"]:
-            st = {"place": np.full(rows, self.max_seqs, np.int32), "fresh": np.ones(rows, bool),
-                  "host_last": np.zeros(rows, bool), "last": np.zeros(rows, np.int32),
-                  "length": np.zeros(rows, np.int32), "index": np.zeros(rows, np.int32),
-                  "limit": np.zeros(rows, np.int32), "key_data": np.stack([key] * rows)}
-            self.pools, self.places, out = decode_window(
-                self.graphdef, self.params, self.packed, self.pools, self.places,
-                np.full((rows, self.table_width), TRASH, np.int32),
-                {k: np.asarray(v) for k, v in st.items()}, self.eos, self.temperature,
-                self.top_p, mode=self.mode, page_size=self.page_size, steps=self.sync_steps,
-                pallas=self.attention, fixed=self.fixed_window)
+            out = self._launch(rows, [], key)
         jax.block_until_ready((self.pools, self.places, out))
+
+    def _run_prefill(self, table, start, tokens, n_valid, last):
+        """One prefill call (hone/sampling/paged.py `prefill_chunk`) into the pools; returns its
+        logits, not waited for."""
+        self.pools, logits = prefill_chunk(
+            self.graphdef, self.params, self.pools, table, start, tokens, n_valid, last,
+            page_size=self.page_size, fixed=self.fixed_window, pallas=self.attention)
+        return logits
 
     def _copy_pages(self, src: list[int], dst: list[int]) -> None:
         """Page src[i] copied to page dst[i], FORK_ROWS pairs a call (one program; padded with

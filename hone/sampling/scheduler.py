@@ -59,7 +59,7 @@ from hone.kernels.pallas_paged import IMPLS as PALLAS_IMPLS
 from hone.sampling.admission import Admission
 from hone.sampling.buckets import block_bucket
 from hone.sampling.pages import TRASH, PageAllocator, default_pool, pages_for
-from hone.sampling.paged import RAGGED_ROUTES, TPU_HEAD_DIM, paged_route, pool_bytes, prefill_chunk
+from hone.sampling.paged import RAGGED_ROUTES, TPU_HEAD_DIM, paged_route, pool_bytes
 from hone.sampling.programs import Programs
 from hone.sampling.requests import PrefillJob, Request, Sample, SeqState, Turn, TurnCallback
 from hone.sampling.windows import Windows, Window, default_overlap, default_window
@@ -327,10 +327,7 @@ class PagedEngine(Programs, Windows, Admission):
                 r += 1
             last[k] = r - 1
         t0 = time.perf_counter()
-        self.pools, logits = prefill_chunk(  # not waited for: its samples draw on the device
-            self.graphdef, self.params, self.pools, np.asarray(table), np.asarray(start),
-            np.asarray(tokens), np.asarray(n_valid), np.asarray(last),
-            page_size=self.page_size, fixed=self.fixed_window, pallas=self.attention)
+        logits = self._run_prefill(table, start, tokens, n_valid, last)  # not waited for
         self.stats["prefill_calls"] += 1
         self.stats["prefill_tokens"] += sum(size for _, size in picked)
         self.stats["prefill_s"] += time.perf_counter() - t0

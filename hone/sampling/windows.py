@@ -15,7 +15,6 @@ from __future__ import annotations
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from hone.errors import InputError
@@ -66,25 +65,7 @@ class Windows:
 
     def _dispatch(self, live: list[tuple[SeqState, int]]) -> Window:
         rows = row_bucket(len(live), self.max_seqs)
-        table = np.full((rows, self.table_width), TRASH, np.int32)
-        st = {"place": np.full(rows, self.max_seqs, np.int32), "fresh": np.ones(rows, bool),
-              "host_last": np.zeros(rows, bool), "last": np.zeros(rows, np.int32),
-              "length": np.zeros(rows, np.int32), "index": np.zeros(rows, np.int32),
-              "limit": np.zeros(rows, np.int32)}  # padding: a fresh row past its limit
-        keys = [seq.key_data for seq, _ in live]
-        for r, (seq, _) in enumerate(live):
-            table[r, :len(seq.pages)] = seq.pages
-            st["place"][r], st["fresh"][r], st["host_last"][r] = (seq.place, seq.fresh,
-                                                                  seq.host_last)
-            st["last"][r], st["length"][r] = seq.last, seq.length
-            st["index"][r], st["limit"][r] = len(seq.out.tokens) + seq.ahead, seq.turn_end
-        rows_in = {k: np.asarray(v) for k, v in st.items()}
-        rows_in["key_data"] = np.asarray(np.stack(keys + [keys[0]] * (rows - len(live))))
-        self.pools, self.places, out = decode_window(
-            self.graphdef, self.params, self.packed, self.pools, self.places,
-            np.asarray(table), rows_in, self.eos, self.temperature, self.top_p, mode=self.mode,
-            page_size=self.page_size, steps=self.sync_steps, pallas=self.attention,
-            fixed=self.fixed_window)
+        out = self._launch(rows, [seq for seq, _ in live])
         for leaf in jax.tree.leaves(out):  # on its way to the host while the device works
             leaf.copy_to_host_async()
         window = Window([(seq, seq.epoch, w, seq.first) for seq, w in live], out)
@@ -94,6 +75,30 @@ class Windows:
         self.stats["decode_calls"] += 1
         self.stats["decode_rows"] += rows
         return window
+
+    def _launch(self, rows: int, seqs: list[SeqState], key_data=None) -> dict:
+        """Dispatch one decode window of `rows` rows, `seqs` in the first ones and padding (a
+        fresh row past its limit, in the spare place; drawn with key_data, default the first
+        sequence's) in the rest; returns its outputs, not waited for."""
+        table = np.full((rows, self.table_width), TRASH, np.int32)
+        st = {"place": np.full(rows, self.max_seqs, np.int32), "fresh": np.ones(rows, bool),
+              "host_last": np.zeros(rows, bool), "last": np.zeros(rows, np.int32),
+              "length": np.zeros(rows, np.int32), "index": np.zeros(rows, np.int32),
+              "limit": np.zeros(rows, np.int32)}
+        keys = [seq.key_data for seq in seqs]
+        for r, seq in enumerate(seqs):
+            table[r, :len(seq.pages)] = seq.pages
+            st["place"][r], st["fresh"][r], st["host_last"][r] = (seq.place, seq.fresh,
+                                                                  seq.host_last)
+            st["last"][r], st["length"][r] = seq.last, seq.length
+            st["index"][r], st["limit"][r] = len(seq.out.tokens) + seq.ahead, seq.turn_end
+        pad = keys[0] if keys else key_data
+        st["key_data"] = np.stack(keys + [pad] * (rows - len(seqs)))
+        self.pools, self.places, out = decode_window(
+            self.graphdef, self.params, self.packed, self.pools, self.places, table, st,
+            self.eos, self.temperature, self.top_p, mode=self.mode, page_size=self.page_size,
+            steps=self.sync_steps, pallas=self.attention, fixed=self.fixed_window)
+        return out
 
     def _read(self, window: Window) -> None:
         """Take a window's tokens (the one blocking read of the device a window costs) into its

@@ -105,9 +105,11 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="rollout: each prompt's length drawn between LO and HI tokens, anew for "
                    "every rollout (RL prompts vary), instead of --prompt-len for all")
     p.add_argument("--attention", default=None,
-                   choices=("xla", "ragged", "tpu", "gpu", "ragged-interpret"),
+                   choices=("xla", "loop", "dense", "ragged", "tpu", "gpu", "ragged-interpret"),
                    help="rollout, paged engine: the attention over pages (PagedEngine's "
-                   "`attention`; xla: XLA's loop; default: the engine's for this backend)")
+                   "`attention`; xla: attend_step's loop of sums; loop, dense: XLA's products over "
+                   "pages, a page column at a time or all gathered; default: the engine's for "
+                   "this backend)")
     p.add_argument("--warmup", action="store_true",
                    help="rollout, paged engine: compile the engine's programs before the first "
                    "rollout (`PagedEngine.warmup`; reported as warmup_s, warmup_programs)")

@@ -71,3 +71,34 @@ def ragged_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, table: 
     _, norm, acc = jax.lax.fori_loop(first, columns, body, init)
     out = acc / jnp.maximum(norm, 1e-30)[..., None]
     return out.transpose(0, 3, 1, 2, 4).reshape(r, t, n, h)
+
+
+def gathered_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, table: jax.Array,
+                       q_pos: jax.Array, *, scale: float, softcap: float | None = None,
+                       window: int | None = None) -> jax.Array:
+    """The same as `ragged_attention`, reading every row's whole table at once: its n pages
+    gathered into a contiguous [K, R, n x page, H] cache, then two dense products and one
+    softmax, as the static sampler's step is on its cache. Temporaries grow with R x n (the
+    table's width, not the rows' lengths): for accelerators, where one large gather and dense
+    products beat a loop of small ones."""
+    r, t, n, h = q.shape
+    kv, _, page, _ = k_pool.shape
+    g = n // kv
+    f32 = jnp.float32
+    width = table.shape[1] * page
+    keys = jnp.take(k_pool, table, axis=1).reshape(kv, r, width, h).astype(q.dtype)
+    values = jnp.take(v_pool, table, axis=1).reshape(kv, r, width, h).astype(q.dtype)
+    qg = q.reshape(r, t, kv, g, h)
+    diff = q_pos[:, :, None] - jnp.arange(width, dtype=jnp.int32)[None, None]  # [R, T, S]
+    keep = diff >= 0
+    if window is not None:
+        keep &= diff < window
+    x = jnp.einsum("RTKGH,KRSH->RKGTS", qg, keys, preferred_element_type=f32) * scale
+    if softcap is not None:
+        x = softcap * jnp.tanh(x / softcap)
+    x = jnp.where(keep[:, None, None], x, MASKED)
+    p = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))
+    norm = jnp.sum(p, axis=-1)
+    out = jnp.einsum("RKGTS,KRSH->RKGTH", p.astype(values.dtype), values,
+                     preferred_element_type=f32) / jnp.maximum(norm, 1e-30)[..., None]
+    return out.transpose(0, 3, 1, 2, 4).reshape(r, t, n, h)

@@ -42,7 +42,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from hone.kernels.paged_xla import ragged_attention
+from hone.kernels.paged_xla import gathered_attention, ragged_attention
 from hone.kernels.ragged_paged import ragged_paged_attention
 from hone.models.attention import make_mask
 from hone.sampling.engine import attach_packed
@@ -60,12 +60,26 @@ TPU_HEAD_DIM = 128  # the TPU kernel's head dimension must be a multiple of this
 # hone's ragged paged-attention kernel (hone/kernels/ragged_paged.py) as the engine's route for
 # prefill blocks and decode steps alike, sliding windows included: route -> the kernel's impl.
 RAGGED_ROUTES = {"ragged": "tpu", "ragged-interpret": "tpu-interpret"}
+# XLA's own routes for every layer's decode step: "loop" XLA's loop over page columns with dot
+# products (hone/kernels/paged_xla.py's ragged_attention, as prefill reads), "dense" every row's
+# whole table gathered and read with dense products (gathered_attention). The default decode
+# (None) is Attention.attend_step's blockwise loop of float32 sums, written for XLA:CPU.
+XLA_ROUTES = ("loop", "dense")
 
 
 def _ragged(attn, q, k_pool, v_pool, table, q_pos, kv_len, window, route):
     """Attention of q [R, T, N, H] over the pages through hone's ragged kernel, projected."""
     out = ragged_paged_attention(q, k_pool, v_pool, table, q_pos, kv_len, scale=attn.scale,
                                  softcap=attn.softcap, window=window, impl=RAGGED_ROUTES[route])
+    return attn.o(out.astype(q.dtype))
+
+
+def _xla(attn, q, k_pool, v_pool, table, q_pos, window, route, fixed):
+    """Attention of q [R, T, N, H] over the pages through an XLA_ROUTES route, projected."""
+    read = ragged_attention if route == "loop" else gathered_attention
+    extra = {"fixed": fixed} if route == "loop" else {}
+    out = read(q, k_pool, v_pool, table, q_pos, scale=attn.scale, softcap=attn.softcap,
+               window=window, **extra)
     return attn.o(out.astype(q.dtype))
 
 
@@ -288,7 +302,7 @@ def decode_window(graphdef, params, packed, pools: Pools, places: Places, table,
             window = model.window_for(kind)
             mask = make_mask(pos[:, None], k_index, k_valid, window)
             # JAX's kernels mask by length alone; hone's ragged kernel takes windows too
-            route = pallas if window is None or pallas in RAGGED_ROUTES else None
+            route = pallas if window is None or pallas in (*RAGGED_ROUTES, *XLA_ROUTES) else None
 
             def attend(h, i=i, cos=cos, sin=sin, layer=layer, mask=mask, route=route,
                        window=window):
@@ -297,6 +311,9 @@ def decode_window(graphdef, params, packed, pools: Pools, places: Places, table,
                 if route in RAGGED_ROUTES:
                     return _ragged(layer.attn, q, k_pool, v_pool, table, pos[:, None],
                                    jnp.where(act, pos + 1, 0), window, route)
+                if route in XLA_ROUTES:
+                    return _xla(layer.attn, q, k_pool, v_pool, table,
+                                jnp.where(act, pos, -1)[:, None], window, route, fixed)
                 return layer.attn.attend_step(q, k_pool, v_pool, mask, used, pages=table,
                                               kernel=bool(packed), pallas=route)
 

@@ -59,7 +59,8 @@ from hone.kernels.pallas_paged import IMPLS as PALLAS_IMPLS
 from hone.sampling.admission import Admission
 from hone.sampling.buckets import block_bucket
 from hone.sampling.pages import TRASH, PageAllocator, default_pool, pages_for
-from hone.sampling.paged import RAGGED_ROUTES, TPU_HEAD_DIM, paged_route, pool_bytes
+from hone.sampling.paged import (RAGGED_ROUTES, TPU_HEAD_DIM, XLA_ROUTES, paged_route,
+                                 pool_bytes)
 from hone.sampling.programs import Programs
 from hone.sampling.requests import PrefillJob, Request, Sample, SeqState, Turn, TurnCallback
 from hone.sampling.windows import Windows, Window, default_overlap, default_window
@@ -106,9 +107,9 @@ class PagedEngine(Programs, Windows, Admission):
         self.kv_bytes = pool_bytes(model, self.num_pages, page_size, self.cache_dtype)
         self.pools = self.places = None
         self.attention = paged_route() if attention is None else attention
-        if self.attention not in (None, *PALLAS_IMPLS, *RAGGED_ROUTES):
+        if self.attention not in (None, *PALLAS_IMPLS, *RAGGED_ROUTES, *XLA_ROUTES):
             raise InputError(f"unknown attention route {attention!r}; allowed: "
-                             f"{', '.join((*PALLAS_IMPLS, *RAGGED_ROUTES))} or None",
+                             f"{', '.join((*PALLAS_IMPLS, *RAGGED_ROUTES, *XLA_ROUTES))} or None",
                              key="attention")
         if self.attention == "tpu" and cfg.head_dim % TPU_HEAD_DIM:
             raise InputError(f"the Pallas TPU kernel needs head_dim a multiple of {TPU_HEAD_DIM} "

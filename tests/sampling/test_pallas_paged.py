@@ -35,7 +35,7 @@ def reference(q, k_pool, v_pool, table, lengths, scale, softcap):
 
 # The TPU kernel reads keys and values as bfloat16: it is tested (and used) on bfloat16 pools.
 POOL_DTYPE = {"gpu-interpret": jnp.float32, "tpu-interpret": jnp.bfloat16,
-              "ragged-interpret": jnp.float32}
+              "ragged-interpret": jnp.float32, "loop": jnp.float32, "dense": jnp.float32}
 
 
 @pytest.mark.parametrize("route", ROUTES)
@@ -56,11 +56,12 @@ def test_kernel_equals_the_gathered_attention(route, softcap):
     np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=2e-5)
 
 
-@pytest.mark.parametrize("route", ROUTES + ("ragged-interpret",))
+@pytest.mark.parametrize("route", ROUTES + ("ragged-interpret", "loop", "dense"))
 def test_rollouts_through_the_kernel_equal_the_cpu_path(route):
     """Sampled (temperature 1), 2 samples per prompt over small pages: the same tokens, and
     log-probabilities within 1e-5, as the CPU route over pools of the same dtype. The ragged
-    route (hone/kernels/ragged_paged.py) runs the prefill blocks through its kernel too."""
+    route (hone/kernels/ragged_paged.py) runs the prefill blocks through its kernel too; "loop"
+    and "dense" are XLA's products over the pages (hone/kernels/paged_xla.py)."""
     from test_generate import mixed_prompts  # here: it imports torch, which a TPU machine lacks
     model = hone.load_model("tiny")
     prompts = mixed_prompts(4, seed=1)

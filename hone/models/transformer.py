@@ -163,7 +163,8 @@ class Transformer(nnx.Module):
     def hidden(self, tokens: jax.Array, positions: jax.Array | None = None,
                attention_mask: jax.Array | None = None,
                segment_ids: jax.Array | None = None, *,
-               branch_ids: jax.Array | None = None) -> jax.Array:
+               branch_ids: jax.Array | None = None,
+               embeds: jax.Array | None = None) -> jax.Array:
         """Final-normed hidden states [B, T, D].
 
         attention_mask [B, T]: 1 for real tokens (padding may sit on either side). positions
@@ -172,15 +173,17 @@ class Transformer(nnx.Module):
         branch_ids [B, T] (a shared prefix scored once, `hone.data.shared_prefix`): 0 on the
         prefix, b >= 1 on the b-th continuation, which sees the prefix and itself only; needs
         explicit positions (each continuation's restart where the prefix ends), which then
-        order causality and window distance instead of the slots.
+        order causality and window distance instead of the slots. embeds [B, T, D]: the
+        input embeddings to use instead of the tokens' (a vision-language model's, with image
+        features at the image placeholders); tokens then only give the shape.
         """
         return self.features(tokens, positions, attention_mask, segment_ids,
-                             branch_ids=branch_ids)[0]
+                             branch_ids=branch_ids, embeds=embeds)[0]
 
     def features(self, tokens: jax.Array, positions: jax.Array | None = None,
                  attention_mask: jax.Array | None = None, segment_ids: jax.Array | None = None,
                  *, hidden_layers: tuple[int, ...] = (), attention_layers: tuple[int, ...] = (),
-                 branch_ids: jax.Array | None = None):
+                 branch_ids: jax.Array | None = None, embeds: jax.Array | None = None):
         """(final-normed hidden [B, T, D], {"hidden": {l: [B, T, D]}, "attention": {l: [B, N,
         T, T]}}) from one forward pass: the intermediate activations distillation matches.
 
@@ -211,7 +214,7 @@ class Transformer(nnx.Module):
                  for kind in set(self.config.layer_types)}
         impl, block = self.sequence_attention or self.attention, self.attention_block
         ropes = self.rope_for(positions)
-        x = self.embedder.encode(tokens)
+        x = self.embedder.encode(tokens) if embeds is None else embeds
         captured: dict = {"hidden": {}, "attention": {}}
         if 0 in hidden_layers:
             captured["hidden"][0] = x

@@ -25,6 +25,7 @@ from hone.fileio import atomic_folder
 from hone.models.transformer import Transformer
 from hone.weights.assemble import build_model, hf_tensors
 from hone.weights.hf_config import config_from_hf, config_to_hf
+from hone.weights.hf_vision import VISION_FAMILIES, load_vision_hf
 
 _INDEX = "model.safetensors.index.json"
 _SINGLE = "model.safetensors"
@@ -127,7 +128,13 @@ def load_hf(folder: str | Path, dtype=jnp.float32, *, layout=None) -> Transforme
     folder = Path(folder)
     if not folder.is_dir():
         raise InputError("not a folder", path=str(folder))
-    cfg = config_from_hf(read_json(folder / "config.json"), str(folder / "config.json"))
+    config = read_json(folder / "config.json")
+    if config.get("model_type") in VISION_FAMILIES:  # vision-language: hone/weights/hf_vision.py
+        if layout is not None and layout.mesh is not None:
+            raise InputError("loading a vision-language model onto a mesh is not supported yet",
+                             path=str(folder))
+        return load_vision_hf(folder, config, SafetensorsFolder(folder), dtype)
+    cfg = config_from_hf(config, str(folder / "config.json"))
     if layout is not None and layout.mesh is not None:
         from hone.weights.sharded_load import build_sharded
         return build_sharded(cfg, SafetensorsFolder(folder), dtype, layout)

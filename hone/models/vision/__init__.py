@@ -1,0 +1,1 @@
+"""Vision towers, connectors and the vision-language models built on hone's one transformer."""

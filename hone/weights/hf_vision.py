@@ -1,0 +1,164 @@
+"""Hugging Face folders of vision-language models in: Idefics3 / SmolVLM
+(`Idefics3ForConditionalGeneration`, model_type idefics3).
+
+The text model's tensors are the text families' (hone/weights/assemble.py's table) under
+`model.text_model.` instead of `model.`, with `lm_head.weight` at the top; the vision tower's
+and the connector's are named here. As for text models, the model is built abstractly first
+and every tensor is checked against the shape the config implies before any is converted.
+Tying follows transformers 5: the top-level `tie_word_embeddings` decides (not text_config's).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from hone.errors import InputError
+from hone.models.vision.idefics3 import Idefics3, Idefics3Config
+from hone.models.vision.siglip import VisionConfig
+from hone.weights.assemble import TensorSource, hf_name_table, hf_shape, missing_names
+from hone.weights.assemble import stored_name, to_hone
+from hone.weights.hf_config import config_from_hf
+
+VISION_FAMILIES = ("idefics3",)
+_ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu": "gelu"}
+
+
+def _int(d: dict, key: str, default: int, path: str, prefix: str) -> int:
+    value = d.get(key, default)
+    if isinstance(value, (list, tuple)) and len(value) == 2 and value[0] == value[1]:
+        value = value[0]  # a square image or patch given as [side, side]
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise InputError(f"expected a positive integer, got {value!r}", path=path,
+                         key=prefix + key)
+    return value
+
+
+def vision_config_from_hf(d: dict, path: str, prefix: str = "vision_config.") -> VisionConfig:
+    """A SigLIP-style tower's config (defaults: transformers' Idefics3VisionConfig)."""
+    if not isinstance(d, dict):
+        raise InputError(f"expected an object, got {d!r}", path=path, key=prefix[:-1])
+    act = d.get("hidden_act", "gelu_pytorch_tanh")
+    if act not in _ACTIVATIONS:
+        raise InputError(f"activation {act!r} is not supported; supported: "
+                         f"{', '.join(_ACTIVATIONS)}", path=path, key=prefix + "hidden_act")
+    eps = d.get("layer_norm_eps", 1e-6)
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps > 0:
+        raise InputError(f"expected a positive number, got {eps!r}", path=path,
+                         key=prefix + "layer_norm_eps")
+    cfg = VisionConfig(
+        hidden_size=_int(d, "hidden_size", 1152, path, prefix),
+        intermediate_size=_int(d, "intermediate_size", 3072, path, prefix),
+        num_layers=_int(d, "num_hidden_layers", 12, path, prefix),
+        num_heads=_int(d, "num_attention_heads", 16, path, prefix),
+        num_channels=_int(d, "num_channels", 3, path, prefix),
+        image_size=_int(d, "image_size", 224, path, prefix),
+        patch_size=_int(d, "patch_size", 32, path, prefix),
+        layer_norm_eps=float(eps),
+        activation=_ACTIVATIONS[act])
+    if cfg.hidden_size % cfg.num_heads:
+        raise InputError(f"hidden_size {cfg.hidden_size} is not a multiple of "
+                         f"num_attention_heads {cfg.num_heads}", path=path,
+                         key=prefix + "num_attention_heads")
+    return cfg
+
+
+def idefics3_config_from_hf(d: dict, path: str = "config.json") -> Idefics3Config:
+    """An Idefics3Config from a parsed config.json of model_type idefics3."""
+    text = d.get("text_config")
+    if not isinstance(text, dict):
+        raise InputError("missing the 'text_config' object", path=path, key="text_config")
+    # transformers' Idefics3Config fills a missing text model type and epsilon this way.
+    text = {"model_type": "llama", "rms_norm_eps": 1e-5, **text,
+            "tie_word_embeddings": bool(d.get("tie_word_embeddings", False))}
+    if text["model_type"] != "llama":
+        raise InputError(f"text model {text['model_type']!r} is not supported for idefics3; "
+                         "supported: llama", path=path, key="text_config.model_type")
+    vision = vision_config_from_hf(d.get("vision_config") or {}, path)
+    scale = _int(d, "scale_factor", 2, path, "")
+    side = vision.patches_per_side
+    if side % scale:
+        raise InputError(f"the vision grid side {side} (image_size // patch_size) is not a "
+                         f"multiple of scale_factor {scale}", path=path, key="scale_factor")
+    token = d.get("image_token_id", 128257)
+    if not isinstance(token, int) or isinstance(token, bool) or token < 0:
+        raise InputError(f"expected a token id, got {token!r}", path=path, key="image_token_id")
+    return Idefics3Config(vision=vision, text=config_from_hf(text, path), scale_factor=scale,
+                          image_token_id=token)
+
+
+def idefics3_name_table(cfg: Idefics3Config) -> dict[tuple, tuple[str, str]]:
+    """hone parameter path -> (HF tensor name, layout kind); kinds as in assemble.py, plus
+    "conv": hone's patch kernel [C, p, p, E] <-> HF's Conv2d weight [E, C, p, p]."""
+    table = {}
+    for path, (name, kind) in hf_name_table(cfg.text).items():
+        if name.startswith("model."):
+            name = "model.text_model." + name.removeprefix("model.")
+        table[("text",) + path] = (name, kind)
+    v, V = "model.vision_model.", ("vision",)
+    table[V + ("patch", "kernel")] = (v + "embeddings.patch_embedding.weight", "conv")
+    table[V + ("patch_bias",)] = (v + "embeddings.patch_embedding.bias", "same")
+    table[V + ("position",)] = (v + "embeddings.position_embedding.weight", "same")
+    table[V + ("post_norm", "scale")] = (v + "post_layernorm.weight", "same")
+    table[V + ("post_norm", "bias")] = (v + "post_layernorm.bias", "same")
+    for i in range(cfg.vision.num_layers):
+        p, L = f"{v}encoder.layers.{i}.", V + ("layers", i)
+        for ours, theirs in (("attn_norm", "layer_norm1"), ("mlp_norm", "layer_norm2")):
+            table[L + (ours, "scale")] = (p + theirs + ".weight", "same")
+            table[L + (ours, "bias")] = (p + theirs + ".bias", "same")
+        for x in "qkv":
+            table[L + ("attn", x, "kernel")] = (p + f"self_attn.{x}_proj.weight", "in")
+            table[L + ("attn", f"{x}_bias")] = (p + f"self_attn.{x}_proj.bias", "bias")
+        table[L + ("attn", "o", "kernel")] = (p + "self_attn.out_proj.weight", "out")
+        table[L + ("attn", "o_bias")] = (p + "self_attn.out_proj.bias", "same")
+        for fc in ("fc1", "fc2"):
+            table[L + ("mlp", fc, "kernel")] = (p + f"mlp.{fc}.weight", "in")
+            table[L + ("mlp", f"{fc}_bias")] = (p + f"mlp.{fc}.bias", "same")
+    table[("connector", "proj", "kernel")] = ("model.connector.modality_projection.proj.weight",
+                                              "in")
+    return table
+
+
+def _hf_shape(shape: tuple[int, ...], kind: str) -> tuple[int, ...]:
+    return (shape[-1],) + tuple(shape[:-1]) if kind == "conv" else hf_shape(shape, kind)
+
+
+def _to_hone(x: np.ndarray, shape: tuple[int, ...], kind: str) -> np.ndarray:
+    return np.transpose(x, (1, 2, 3, 0)) if kind == "conv" else to_hone(x, shape, kind)
+
+
+def build_idefics3(cfg: Idefics3Config, source: TensorSource, dtype=jnp.float32) -> Idefics3:
+    """An Idefics3 whose parameters are the source's tensors (cast to dtype), every name and
+    shape checked before anything is converted."""
+    table = idefics3_name_table(cfg)
+    available = source.names()
+    missing = sorted(n for name, kind in table.values()
+                     for n in missing_names(name, kind, available, 0))
+    if missing:
+        raise InputError(f"tensor {missing[0]!r} is missing ({len(missing)} missing in all)",
+                         path=source.where(missing[0]))
+    abstract = nnx.eval_shape(lambda: Idefics3(cfg, dtype=dtype, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    leaves = []
+    for path, var in nnx.to_flat_state(state):
+        name, kind = table[path]
+        name = stored_name(name, available)
+        arr = source.get(name)
+        want = _hf_shape(var.shape, kind)
+        if tuple(arr.shape) != want:
+            raise InputError(f"tensor {name!r} has shape {tuple(arr.shape)}, expected {want} "
+                             f"from the config", path=source.where(name))
+        leaves.append((path, var.replace(jnp.asarray(_to_hone(arr, var.shape, kind), dtype))))
+    return nnx.merge(graphdef, nnx.from_flat_state(leaves))
+
+
+def load_vision_hf(folder: Path, config: dict, source: TensorSource, dtype=jnp.float32):
+    """The vision-language model of a HF folder whose config.json (parsed: `config`) names a
+    family of VISION_FAMILIES."""
+    cfg = idefics3_config_from_hf(config, str(folder / "config.json"))
+    return build_idefics3(cfg, source, dtype)

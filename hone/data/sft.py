@@ -217,7 +217,7 @@ def chat_tokens(messages: list[dict], tokenizer, loss_on: str, where: Where,
     assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     if last_only:
         assistant = assistant[-1:]
-    if any(not messages[i]["content"].strip() and not messages[i].get("tool_calls")
+    if any(not content_text(messages[i]["content"]).strip() and not messages[i].get("tool_calls")
            for i in assistant):
         return None, None
     full = where.render(tokenizer, messages, False, extra)
@@ -247,7 +247,7 @@ def chat_tokens(messages: list[dict], tokenizer, loss_on: str, where: Where,
                                   "message, or use data.loss_on=all")
             start = end = len(before)
         else:
-            content = messages[i]["content"]
+            content = content_text(messages[i]["content"])
             start = turn.find(content)
             if start < 0:  # some templates strip whitespace around the content
                 content = content.strip()
@@ -280,6 +280,14 @@ def chat_tokens(messages: list[dict], tokenizer, loss_on: str, where: Where,
         ids += piece
         mask += flags
     return ids, mask
+
+
+def content_text(content: Any) -> str:
+    """A message's text: the string itself, or a list of content parts' text parts joined (a
+    vision-language record's, hone.data.vision: the template renders the parts)."""
+    if isinstance(content, str):
+        return content
+    return "".join(part["text"] for part in content if part.get("type") == "text")
 
 
 def _opening_prefix(through: str, tokenizer, extra: dict[str, Any]) -> str:

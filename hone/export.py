@@ -102,8 +102,12 @@ def export_gguf(model, tokenizer, out: str | Path, quant: str = "f32",
     source's tokenizer keys are copied as they are."""
     from hone.weights.gguf_vocab import copy_vocab, vocab_metadata
     from hone.weights.gguf_write import write_gguf
+    from hone.weights.hf_vision_save import is_vision_model
     from hone.weights.shipped import SHIPPED_MODELS, shipped_gguf_path
 
+    if is_vision_model(model):
+        raise InputError("a vision-language model exports as a Hugging Face folder only; use "
+                         "--format hf", key="--format")
     src = None if source is None else str(source)
     if src in SHIPPED_MODELS:
         vocab = copy_vocab(shipped_gguf_path(src))
@@ -162,7 +166,9 @@ def export_run(run_dir: str | Path, out_dir: str | Path, fmt: str = "hf",
             model.backbone = merge_lora(model.backbone)
         return save_reward_model(model, out_dir, tokenizer)
     if fmt == "hf":
-        return save_hf(merge_lora(model) if has_adapters else model, out_dir, tokenizer)
+        out = save_hf(merge_lora(model) if has_adapters else model, out_dir, tokenizer)
+        _copy_processor_files(cfg.model.source, out)
+        return out
     if fmt == "gguf":
         return export_gguf(merge_lora(model) if has_adapters else model, tokenizer, out_dir,
                            quant or "f32", cfg.model.source)
@@ -172,3 +178,17 @@ def export_run(run_dir: str | Path, out_dir: str | Path, fmt: str = "hf",
                              "(model.lora.rank > 0); use --format hf", key="--format")
         return save_peft(model, out_dir, base_model_name_or_path=cfg.model.source)
     raise InputError(f"unknown format {fmt!r}; allowed: {', '.join(_FORMATS)}", key="--format")
+
+
+# A vision-language model's image preprocessing, as transformers' processors read it.
+_PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
+
+
+def _copy_processor_files(source: str, out: Path) -> None:
+    """The source folder's processor files into the export, so it preprocesses images as the
+    run trained on them (nothing for a text model, a preset or a .gguf source)."""
+    import shutil
+    for name in _PROCESSOR_FILES:
+        file = Path(source) / name
+        if file.is_file():
+            shutil.copyfile(file, Path(out) / name)

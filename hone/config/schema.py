@@ -47,7 +47,9 @@ class LoraSection:
     dropout: float = field(default=0.0, metadata={"min": 0.0, "lt": 1.0})
     # Which linear layers get adapters: re.fullmatch against "/"-joined module paths such as
     # "layers/3/attn/q". The default is every attention and MLP projection; a mixture-of-experts
-    # model's routed experts ("layers/3/mlp/experts/gate", up, down) only when named.
+    # model's routed experts ("layers/3/mlp/experts/gate", up, down) only when named; a
+    # vision-language model's language model only ("text/layers/3/attn/q"; its tower's are
+    # "vision/layers/3/attn/q", "vision/layers/3/mlp/fc1", its connector "connector/proj").
     targets: str = field(default=r".*/(attn/(q|k|v|o)|mlp/(gate|up|down))",
                          metadata={"check": _regex})
     # Storage of the frozen base weights: none, nf4 (QLoRA) or int8. Needs rank > 0.
@@ -66,6 +68,14 @@ class MoeSection:
     # Keep every router's weights as loaded (no update): routing then drifts only through the
     # hidden states, which keeps RL's sampler and trainer choosing the same experts longer.
     freeze_router: bool = False
+
+
+@dataclass(frozen=True)
+class VisionSection:
+    # Vision-language models only (docs/guides/vision.md); ignored for text models.
+    # Keep the vision tower's weights as loaded: the language model and the connector train
+    # (with LoRA: adapters on the tower, if model.lora.targets names any, stay frozen too).
+    freeze: bool = False
 
 
 @dataclass(frozen=True)
@@ -91,6 +101,8 @@ class ModelSection:
         "choices": ("auto", "dense", "blockwise", "cudnn", "splash")})
     # Router losses and router freezing of mixture-of-experts models.
     moe: MoeSection = field(default_factory=MoeSection)
+    # The vision tower of a vision-language model.
+    vision: VisionSection = field(default_factory=VisionSection)
 
 
 @dataclass(frozen=True)

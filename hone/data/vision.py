@@ -287,14 +287,23 @@ def _open(data: bytes, where: Where, key: str, name: str = "the embedded bytes")
 
 def pad_vision_rows(examples: Sequence[VisionExample], length: int, pad_id: int, frames: int,
                     tile: int) -> dict[str, np.ndarray]:
-    """hone.data.collate's padded rows (one record a row) plus `pixel_values` [R, frames, 3,
-    tile, tile] float32 and `pixel_attention_mask` [R, frames, tile, tile] int32 (1 on each
-    frame's real pixels; all-zero padding frames where a record has fewer): fixed shapes, so a
-    train step compiles once. Rows are not packed: a row's frames fill its placeholders."""
+    """hone.data.collate's padded rows (one record a row) plus `frame_arrays`: fixed shapes,
+    so a train step compiles once. Rows are not packed: a row's frames fill its placeholders."""
     rows = pad_rows(examples, length, pad_id)
+    rows.update(frame_arrays(examples, frames, tile))
+    return rows
+
+
+def frame_arrays(examples: Sequence[VisionExample | None], frames: int,
+                 tile: int) -> dict[str, np.ndarray]:
+    """`pixel_values` [R, frames, 3, tile, tile] float32 and `pixel_attention_mask` [R, frames,
+    tile, tile] int32 (1 on each frame's real pixels; all-zero padding frames where a record has
+    fewer, and for a None: a padding row)."""
     pixels = np.zeros((len(examples), frames, 3, tile, tile), np.float32)
     mask = np.zeros((len(examples), frames, tile, tile), np.int32)
     for r, example in enumerate(examples):
+        if example is None:
+            continue
         f, _, y, x = example.frames.shape
         if f > frames or y > tile or x > tile:
             raise ValueError(f"row {r}: {f} frames of {y}x{x} do not fit {frames} of "
@@ -302,5 +311,4 @@ def pad_vision_rows(examples: Sequence[VisionExample], length: int, pad_id: int,
         pixels[r, :f, :, :y, :x] = example.frames
         for i, (fy, fx) in enumerate(example.sizes.tolist()):
             mask[r, i, :fy, :fx] = 1
-    rows.update(pixel_values=pixels, pixel_attention_mask=mask)
-    return rows
+    return {"pixel_values": pixels, "pixel_attention_mask": mask}

@@ -71,8 +71,8 @@ SAVED = ("attention_out", "attention_lse", "attention_empty")
 
 _FAR = 2 ** 30  # an index beyond any real one, for minima and maxima over no tokens
 
-_Q_FIELDS = ("q_index", "q_segment", "q_branch")
-_K_FIELDS = ("k_index", "k_valid", "k_segment", "k_branch")
+_Q_FIELDS = ("q_index", "q_segment", "q_branch", "q_bidirectional")
+_K_FIELDS = ("k_index", "k_valid", "k_segment", "k_branch", "k_bidirectional")
 
 
 def filled_spec(spec: MaskSpec | None, b: int, t: int, s: int) -> MaskSpec:
@@ -119,7 +119,13 @@ def visible_blocks(spec: MaskSpec, block_q: int, block_k: int) -> jax.Array:
     q_lo, q_hi = _ranges(spec.q_index, None, nq)  # [B, nq]
     k_lo, k_hi = _ranges(spec.k_index, valid, nk)  # [B, nk]
     vis = valid.reshape(valid.shape[0], nk, -1).any(-1)[:, None, :]  # [B, 1, nk]
-    vis &= k_lo[:, None, :] <= q_hi[:, :, None]  # [B, nq, nk]: causal
+    causal = k_lo[:, None, :] <= q_hi[:, :, None]  # [B, nq, nk]
+    if spec.q_bidirectional is not None:  # or: both hold tokens of one bidirectional block
+        qd_lo, qd_hi = _ranges(spec.q_bidirectional, spec.q_bidirectional > 0, nq)
+        kd_lo, kd_hi = _ranges(spec.k_bidirectional, valid & (spec.k_bidirectional > 0), nk)
+        causal |= ((qd_lo[:, :, None] <= kd_hi[:, None, :])
+                   & (kd_lo[:, None, :] <= qd_hi[:, :, None]))
+    vis &= causal
     if spec.window is not None:
         vis &= q_lo[:, :, None] - k_hi[:, None, :] < spec.window
     if spec.q_segment is not None:
@@ -181,7 +187,8 @@ def _blocked(spec: MaskSpec, nq: int, nk: int) -> dict:
 def _pair_mask(qv: dict, kv: dict, window: int | None) -> jax.Array:
     """[B, bq, bk] from one query block's and one key block's vectors."""
     return make_mask(qv["q_index"], kv["k_index"], kv["k_valid"], window, qv["q_segment"],
-                     kv["k_segment"], qv["q_branch"], kv["k_branch"])
+                     kv["k_segment"], qv["q_branch"], kv["k_branch"],
+                     q_bidirectional=qv["q_bidirectional"], k_bidirectional=kv["k_bidirectional"])
 
 
 def _tile_mask(qv: dict, kv: dict, window: int | None) -> jax.Array:

@@ -3,9 +3,9 @@ masks they can express, with blockwise attention (hone/models/blockwise.py) for 
 
 cuDNN (`jax.nn.dot_product_attention`) takes a mask as flags: causal, a key length per row (right
 padding) and a local window. It is used only when the spec says exactly that:
-- statically: no segments, no branches, no soft-cap (cuDNN has none), as many queries as keys,
-  half-precision inputs (cuDNN's flash attention has no float32), and a kernel that traces on
-  this machine (a cuDNN that is present and new enough);
+- statically: no segments, no branches, no bidirectional blocks, no soft-cap (cuDNN has
+  none), as many queries as keys, half-precision inputs (cuDNN's flash attention has no
+  float32), and a kernel that traces on this machine (a cuDNN that is present and new enough);
 - at run time (a `lax.cond`, both branches compiled): the indices are the slots 0..T-1 and every
   row's valid keys are a non-empty prefix (no left padding, no empty row).
 A right-padding query past a sliding window sees no key. Dense (and blockwise) average all the
@@ -15,11 +15,12 @@ only that query's own later layers, so that is the one place the paths may diffe
 Splash (TPU's Pallas kernel; interpreted elsewhere, which is how the CPU tests run it) takes a
 static causal or local mask plus a segment id per query and key, and soft-caps. Padding becomes
 a key segment no query has, so any padding and packed segments are expressible; shared-prefix
-branches are not. At run time the indices must be the slots and each segment one run (as
-packing makes them). Its blocks are multiples of 128, so rows are padded to one. A query that
-sees no key gets dense's average of the values (found from the runs and the window, not from
-the kernel, whose answer there differs), and passes no gradient into the kernel. GSPMD does not
-partition the kernel (a pallas_call); on a mesh it wants a shard_map, which is parallel/'s to add.
+branches and bidirectional blocks (Gemma 3's image tokens) are not. At run time the indices
+must be the slots and each segment one run (as packing makes them). Its blocks are multiples
+of 128, so rows are padded to one. A query that sees no key gets dense's average of the values
+(found from the runs and the window, not from the kernel, whose answer there differs), and
+passes no gradient into the kernel. GSPMD does not partition the kernel (a pallas_call); on a
+mesh it wants a shard_map, which is parallel/'s to add.
 """
 from __future__ import annotations
 
@@ -79,6 +80,8 @@ def _static_obstacle(q, k, v, spec: MaskSpec, softcap, fused, implementation) ->
     """Why cuDNN cannot run this call whatever the data, or None."""
     if spec.q_segment is not None or spec.q_branch is not None:
         return "packed segments and shared-prefix branches are not expressible"
+    if spec.q_bidirectional is not None:
+        return "bidirectional blocks (image tokens) are not expressible"
     if softcap is not None:
         return "no logit soft-capping"
     if q.shape[1] != k.shape[1]:
@@ -109,9 +112,10 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, spec: MaskSpec | 
         return blockwise_attention(q, k, v, spec, scale=scale, softcap=softcap,
                                    block_q=block, block_k=block)
 
-    if spec.q_branch is not None or t != s:
+    if spec.q_branch is not None or spec.q_bidirectional is not None or t != s:
         reason = ("shared-prefix branches are not expressible" if spec.q_branch is not None
-                  else "queries and keys differ in length")
+                  else "bidirectional blocks (image tokens) are not expressible"
+                  if spec.q_bidirectional is not None else "queries and keys differ in length")
         _warn_once(f"model.attention=splash: {reason}; using blockwise attention")
         return blocks(q, k, v)
     interpret = jax.default_backend() != "tpu" if interpret is None else interpret

@@ -23,7 +23,8 @@ MASKED = float(jnp.finfo(jnp.float32).min)
 def make_mask(q_index: jax.Array, k_index: jax.Array, k_valid: jax.Array,
               window: int | None, q_segment: jax.Array | None = None,
               k_segment: jax.Array | None = None, q_branch: jax.Array | None = None,
-              k_branch: jax.Array | None = None) -> jax.Array:
+              k_branch: jax.Array | None = None, *, q_bidirectional: jax.Array | None = None,
+              k_bidirectional: jax.Array | None = None) -> jax.Array:
     """Boolean [B, T, S]: may query t see key s? (T and S: whole rows, or one block of each.)
 
     q_index [B, T] / k_index [B, S]: slot of each token in the (cached) sequence, which orders
@@ -31,9 +32,17 @@ def make_mask(q_index: jax.Array, k_index: jax.Array, k_valid: jax.Array,
     already written to the cache). With segments (packed documents) only equal segments see
     each other. With branches (several continuations of one shared prefix in a row) a key of
     branch 0 (the prefix) is seen by every branch, any other key only by its own branch.
+    With bidirectional blocks (Gemma 3's image tokens) a query of block b >= 1 also sees the
+    later keys of its own block: causality is relaxed inside a block (0: no block), and the
+    window, padding, segments and branches then apply as to any key (transformers'
+    AND(window, OR(causal, block)); the window only bounds the past, so a whole block is seen).
     """
     diff = q_index[:, :, None] - k_index[:, None, :]  # [B, T, S]
-    mask = (diff >= 0) & k_valid[:, None, :]
+    seen = diff >= 0
+    if q_bidirectional is not None:
+        seen |= ((q_bidirectional[:, :, None] == k_bidirectional[:, None, :])
+                 & (q_bidirectional[:, :, None] > 0))
+    mask = seen & k_valid[:, None, :]
     if window is not None:
         mask &= diff < window
     if q_segment is not None:
@@ -58,8 +67,12 @@ class MaskSpec:
     k_segment: jax.Array | None = None  # [B, S]
     q_branch: jax.Array | None = None  # [B, T]
     k_branch: jax.Array | None = None  # [B, S]
+    q_bidirectional: jax.Array | None = None  # [B, T] int: 0, or the bidirectional block
+    k_bidirectional: jax.Array | None = None  # [B, S]
 
     def build(self) -> jax.Array:
         """The whole boolean mask [B, T, S] (the dense path)."""
         return make_mask(self.q_index, self.k_index, self.k_valid, self.window,
-                         self.q_segment, self.k_segment, self.q_branch, self.k_branch)
+                         self.q_segment, self.k_segment, self.q_branch, self.k_branch,
+                         q_bidirectional=self.q_bidirectional,
+                         k_bidirectional=self.k_bidirectional)

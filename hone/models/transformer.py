@@ -164,7 +164,8 @@ class Transformer(nnx.Module):
                attention_mask: jax.Array | None = None,
                segment_ids: jax.Array | None = None, *,
                branch_ids: jax.Array | None = None,
-               embeds: jax.Array | None = None) -> jax.Array:
+               embeds: jax.Array | None = None,
+               bidirectional_ids: jax.Array | None = None) -> jax.Array:
         """Final-normed hidden states [B, T, D].
 
         attention_mask [B, T]: 1 for real tokens (padding may sit on either side). positions
@@ -176,20 +177,28 @@ class Transformer(nnx.Module):
         order causality and window distance instead of the slots. embeds [B, T, D]: the
         input embeddings to use instead of the tokens' (a vision-language model's, with image
         features at the image placeholders); tokens then only give the shape.
+        bidirectional_ids [B, T] int (Gemma 3's image blocks): 0 on ordinary tokens, b >= 1 on
+        the b-th block of the row, whose tokens also see the block's later tokens, on full and
+        sliding layers alike (hone/models/masks.py); None: causal everywhere, as before. The
+        dense and blockwise paths (and ring attention) honour it; cuDNN and splash cannot
+        express it and fall back to blockwise.
         """
         return self.features(tokens, positions, attention_mask, segment_ids,
-                             branch_ids=branch_ids, embeds=embeds)[0]
+                             branch_ids=branch_ids, embeds=embeds,
+                             bidirectional_ids=bidirectional_ids)[0]
 
     def features(self, tokens: jax.Array, positions: jax.Array | None = None,
                  attention_mask: jax.Array | None = None, segment_ids: jax.Array | None = None,
                  *, hidden_layers: tuple[int, ...] = (), attention_layers: tuple[int, ...] = (),
-                 branch_ids: jax.Array | None = None, embeds: jax.Array | None = None):
+                 branch_ids: jax.Array | None = None, embeds: jax.Array | None = None,
+                 bidirectional_ids: jax.Array | None = None):
         """(final-normed hidden [B, T, D], {"hidden": {l: [B, T, D]}, "attention": {l: [B, N,
         T, T]}}) from one forward pass: the intermediate activations distillation matches.
 
         hidden_layers index the residual stream as transformers' `hidden_states` does: 0 is
         the embedding output, l >= 1 the output of block l (not final-normed). attention_layers
         are 0-based block indices; their maps are the float32 softmax probabilities over keys.
+        The other arguments are `hidden`'s.
         """
         n = len(self.layers)
         if any(not 0 <= i <= n for i in hidden_layers) or any(
@@ -210,7 +219,8 @@ class Transformer(nnx.Module):
         # Each layer gets the mask's vectors, not the [B, T, T] mask: the dense path builds it
         # inside the layer, the blockwise path one block pair at a time.
         masks = {kind: MaskSpec(index, index, valid, self.window_for(kind),
-                                segment_ids, segment_ids, branch_ids, branch_ids)
+                                segment_ids, segment_ids, branch_ids, branch_ids,
+                                bidirectional_ids, bidirectional_ids)
                  for kind in set(self.config.layer_types)}
         impl, block = self.sequence_attention or self.attention, self.attention_block
         ropes = self.rope_for(positions)

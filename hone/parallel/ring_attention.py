@@ -57,8 +57,8 @@ from hone.models.blockwise import DEFAULT_BLOCK, blockwise_attention, filled_spe
 from hone.models.masks import MASKED, MaskSpec, make_mask
 from hone.parallel.mesh import BATCH_AXES
 
-_Q_FIELDS = ("q_index", "q_segment", "q_branch")
-_K_FIELDS = ("k_index", "k_valid", "k_segment", "k_branch")
+_Q_FIELDS = ("q_index", "q_segment", "q_branch", "q_bidirectional")
+_K_FIELDS = ("k_index", "k_valid", "k_segment", "k_branch", "k_bidirectional")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +130,8 @@ def _ring(q, k, v, vecs, *, seq: int, window, scale: float, softcap, keys: int, 
             qi, qv, top, norm, acc = xs  # [b, K, G, c, H]; [b, K, G, c] x 2; [b, K, G, c, H]
             keep = make_mask(qv["q_index"], kvecs["k_index"], kvecs["k_valid"], window,
                              qv["q_segment"], kvecs.get("k_segment"), qv["q_branch"],
-                             kvecs.get("k_branch"))[:, None, None]  # [b, 1, 1, c, t]
+                             kvecs.get("k_branch"), q_bidirectional=qv["q_bidirectional"],
+                             k_bidirectional=kvecs.get("k_bidirectional"))[:, None, None]
             x = jnp.einsum("BKGTH,BKSH->BKGTS", qi, kj, preferred_element_type=f32) * scale
             if softcap is not None:
                 x = softcap * jnp.tanh(x / softcap)

@@ -82,9 +82,11 @@ def _as_keys(buf: jax.Array, dtype) -> jax.Array:
 
 def forward_cached(model: Transformer, cache: Cache, tokens: jax.Array, positions: jax.Array,
                    valid: jax.Array, start: jax.Array, *, rope: dict, kernels: bool = False,
-                   cached_keys: bool = False) -> tuple[jax.Array, Cache]:
+                   cached_keys: bool = False,
+                   embeds: jax.Array | None = None) -> tuple[jax.Array, Cache]:
     """Run `tokens` [B, T] occupying sequence slots start..start+T-1; return logits of the last
-    slot [B, V] and the updated cache.
+    slot [B, V] and the updated cache. embeds [B, T, D]: the input embeddings to run instead
+    of the tokens' (a vision-language prompt's, image features at its placeholders).
 
     Three cases, chosen statically:
     - prefill (T > 1, cached_keys False: the cache is empty) attends over its own fresh keys,
@@ -135,7 +137,7 @@ def forward_cached(model: Transformer, cache: Cache, tokens: jax.Array, position
     ropes = {kind: (jnp.take(cos[0], positions, axis=0), jnp.take(sin[0], positions, axis=0))
              for kind, (cos, sin) in rope.items()}
     impl, block = model.attention, model.attention_block
-    x = model.embedder.encode(tokens)
+    x = model.embedder.encode(tokens) if embeds is None else embeds
     for i, layer in enumerate(model.layers):
         kind = layer.layer_type
         cos, sin = ropes[kind]
@@ -163,24 +165,26 @@ def forward_cached(model: Transformer, cache: Cache, tokens: jax.Array, position
 
 def forward_chunks(model: Transformer, cache: Cache, tokens: jax.Array, positions: jax.Array,
                    valid: jax.Array, start: jax.Array, *, rope: dict, chunk: int | None,
-                   cached_keys: bool) -> tuple[jax.Array, Cache]:
+                   cached_keys: bool, embeds: jax.Array | None = None) -> tuple[jax.Array, Cache]:
     """`forward_cached` over tokens [B, T] in pieces of `chunk` positions (None: one piece):
     the first piece takes T mod chunk positions (or a whole chunk), each later one extends
     the cache, so activations are O(chunk) whatever T. A loop over equal pieces: one
     compiled body however long the prompt. Returns the last slot's logits [B, V] and the
-    cache."""
+    cache. embeds [B, T, D]: as forward_cached's, cut into the same pieces."""
     t = tokens.shape[1]
     if chunk is None or chunk >= t:
         return forward_cached(model, cache, tokens, positions, valid, start, rope=rope,
-                              cached_keys=cached_keys)
+                              cached_keys=cached_keys, embeds=embeds)
     head = t % chunk or chunk
     logits, cache = forward_cached(model, cache, tokens[:, :head], positions[:, :head],
-                                   valid[:, :head], start, rope=rope, cached_keys=cached_keys)
+                                   valid[:, :head], start, rope=rope, cached_keys=cached_keys,
+                                   embeds=None if embeds is None else embeds[:, :head])
 
     def body(i, carry):
         at = head + i * chunk
         piece = lambda x: jax.lax.dynamic_slice_in_dim(x, at, chunk, axis=1)  # noqa: E731
         return forward_cached(model, carry[1], piece(tokens), piece(positions), piece(valid),
-                              start + at, rope=rope, cached_keys=True)
+                              start + at, rope=rope, cached_keys=True,
+                              embeds=None if embeds is None else piece(embeds))
 
     return jax.lax.fori_loop(0, (t - head) // chunk, body, (logits, cache))

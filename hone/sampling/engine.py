@@ -90,9 +90,12 @@ def _turn_state(cache, rope, logits, positions, valid, key, start, n: int, mode,
 @partial(jax.jit, static_argnames=("graphdef", "mode", "total", "cache_dtype", "copies",
                                    "chunk"))
 def prefill(graphdef, params, tokens, valid, key, temperature, top_p, *, mode: SamplingMode,
-            total: int, cache_dtype, copies: int = 1, chunk: int | None = None) -> State:
+            total: int, cache_dtype, copies: int = 1, chunk: int | None = None,
+            embeds=None) -> State:
     """Prompts tokens/valid [B, P] (left-padded) -> decode state of B·copies rows with the first
-    new token. chunk: run the prompt in pieces of this many positions (`forward_chunks`)."""
+    new token. chunk: run the prompt in pieces of this many positions (`forward_chunks`).
+    embeds [B, P, D]: the prompts' input embeddings in place of the tokens' (images filled in
+    by a vision-language model's `embed`); decoding embeds its tokens as usual."""
     TRACES["prefill"] += 1
     model = nnx.merge(graphdef, params)
     b, p = tokens.shape
@@ -100,11 +103,20 @@ def prefill(graphdef, params, tokens, valid, key, temperature, top_p, *, mode: S
     cache = init_cache(model, b, total, cache_dtype)
     rope = rope_table(model, total)
     logits, cache = forward_chunks(model, cache, tokens, positions, valid, jnp.int32(0),
-                                   rope=rope, chunk=chunk, cached_keys=False)
+                                   rope=rope, chunk=chunk, cached_keys=False, embeds=embeds)
     if copies > 1:
         cache, logits, positions, valid = _repeat_rows(cache, logits, positions, valid, copies)
     return _turn_state(cache, rope, logits, positions, valid, key, p, total - p, mode,
                        temperature, top_p)
+
+
+@partial(jax.jit, static_argnames=("graphdef",))
+def embed_prompts(graphdef, params, tokens, pixel_values, pixel_attention_mask) -> jax.Array:
+    """A vision-language model's prompt embeddings [B, P, D] (`embed`: its image features at the
+    placeholders of tokens [B, P]), for `prefill`'s embeds. Its placeholder check cannot run
+    under jit: the caller runs `check_images` first."""
+    TRACES["embed_prompts"] += 1
+    return nnx.merge(graphdef, params).embed(tokens, pixel_values, pixel_attention_mask)
 
 
 def _parts(module) -> tuple:

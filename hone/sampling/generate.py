@@ -20,7 +20,8 @@ import numpy as np
 
 from hone.errors import InputError
 from hone.sampling.buckets import bucket
-from hone.sampling.engine import decode, pack_weights, prefill, split_for_sampling
+from hone.sampling.engine import decode, embed_prompts, pack_weights, prefill
+from hone.sampling.engine import split_for_sampling
 from hone.sampling.strategies import SamplingMode
 
 
@@ -77,7 +78,8 @@ def generate(model, tokenizer, prompts, max_new_tokens: int = 64, temperature: f
              on_step: Callable[[np.ndarray], None] | None = None,
              cache_dtype=None, min_prompt_bucket: int = 16, n: int = 1,
              prefill_chunk: int | None = None, engine: str = "static",
-             max_seqs: int | None = None) -> list[Completion]:
+             max_seqs: int | None = None, pixel_values=None,
+             pixel_attention_mask=None) -> list[Completion]:
     """Complete each prompt (text, or a list of token ids) with up to max_new_tokens tokens.
 
     temperature 0 is greedy. n: completions per prompt, returned prompt by prompt (n for the
@@ -96,7 +98,15 @@ def generate(model, tokenizer, prompts, max_new_tokens: int = 64, temperature: f
     pages. Greedy output is the same; sampled tokens differ from the static engine's (each
     sequence draws from its own key: fold_in(fold_in(key(seed), prompt), sample), then token
     index) and do not depend on max_seqs or the schedule.
+    pixel_values [len(prompts), I, C, Y, X] and pixel_attention_mask [len(prompts), I, Y, X]
+    (numpy or jax, as transformers' processor returns them): prompt i's images, for a
+    vision-language model (an Idefics3 from hone.load_model), all-zero slots where a prompt has
+    fewer than I; prompt i's ids hold their expanded `<image>` placeholders. The prefill runs
+    the model's image-filled embeddings (`model.embed`), decoding its language model
+    (`model.text`) as for a text model. The static engine only, for now.
     """
+    vlm = model
+    model = _language_model(model)
     cfg = model.config
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise InputError(f"must be a positive integer, got {n!r}", key="n")
@@ -108,6 +118,8 @@ def generate(model, tokenizer, prompts, max_new_tokens: int = 64, temperature: f
                  cfg.max_position_embeddings)
     if top_k is not None:
         top_k = min(top_k, cfg.vocab_size)
+    if pixel_values is not None:
+        _check_images(vlm, model, ids, pixel_values, pixel_attention_mask, engine)
     if eos_ids is None:
         eos_ids = tuple(getattr(tokenizer, "eos_ids", ()) or ())
     if engine == "paged":
@@ -126,13 +138,18 @@ def generate(model, tokenizer, prompts, max_new_tokens: int = 64, temperature: f
         tokens[i, p - len(x):] = x
         valid[i, p - len(x):] = True
     mode = SamplingMode(greedy=temperature == 0.0, top_k=top_k, use_top_p=top_p is not None)
+    embeds = None
+    if pixel_values is not None:  # the image-filled prompt embeddings, batch padding included
+        vlm.check_images(tokens[:b], pixel_values)
+        embeds = embed_prompts(*split_for_sampling(vlm), tokens,
+                               _pad_rows(pixel_values, bb), _pad_rows(pixel_attention_mask, bb))
     graphdef, params = split_for_sampling(model)
     temp = jnp.float32(temperature or 1.0)
     nucleus = jnp.float32(top_p if top_p is not None else 1.0)
     dtype = cache_dtype or model.embedder.embedding[...].dtype
     state = prefill(graphdef, params, tokens, valid, jax.random.key(seed), temp, nucleus,
                     mode=mode, total=p + new, cache_dtype=jnp.dtype(dtype), copies=n,
-                    chunk=prefill_chunk)
+                    chunk=prefill_chunk, embeds=embeds)
     b *= n  # completions wanted; rows past them are batch padding
     eos = jnp.asarray(list(eos_ids) or [-1], jnp.int32)
     streaming = on_step is not None or bool(stop)
@@ -156,6 +173,46 @@ def generate(model, tokenizer, prompts, max_new_tokens: int = 64, temperature: f
         if step >= max_new_tokens or done[:b].all():
             break
     return _completions(state, b, tokenizer, eos_ids, stop)
+
+
+def _language_model(model):
+    """The model that decodes: a vision-language model's language model (`text`; its images
+    enter once, through `embed`, at prefill), else the model itself."""
+    if hasattr(model, "text") and hasattr(model, "embed"):
+        return model.text
+    return model
+
+
+def _check_images(vlm, text, ids, pixel_values, pixel_attention_mask, engine) -> None:
+    """Image inputs fit the model, the prompts and the engine (before anything compiles)."""
+    from hone.models.vision.idefics3 import Idefics3
+    if vlm is text:
+        raise InputError("pixel_values need a vision-language model (this one reads text only)",
+                         key="pixel_values")
+    if not isinstance(vlm, Idefics3):  # Gemma 3's image blocks attend both ways in prefill
+        raise InputError(f"generation with images supports Idefics3 / SmolVLM so far, not "
+                         f"{type(vlm).__name__}", key="pixel_values")
+    if engine == "paged":
+        raise InputError("the paged engine does not take images yet; use engine='static'",
+                         key="engine")
+    shape = np.shape(pixel_values)
+    if len(shape) != 5 or shape[0] != len(ids):
+        raise InputError(f"expected [prompts={len(ids)}, images, channels, height, width], got "
+                         f"shape {shape}", key="pixel_values")
+    if pixel_attention_mask is not None and np.shape(pixel_attention_mask) != (
+            shape[:2] + shape[3:]):
+        raise InputError(f"expected shape {shape[:2] + shape[3:]} (pixel_values' without the "
+                         f"channels), got {np.shape(pixel_attention_mask)}",
+                         key="pixel_attention_mask")
+
+
+def _pad_rows(x, rows: int):
+    """x [B, ...] with all-zero rows appended up to `rows` (the batch bucket's padding rows:
+    no images); None stays None."""
+    if x is None:
+        return None
+    x = np.asarray(x)
+    return np.concatenate([x, np.zeros((rows - x.shape[0],) + x.shape[1:], x.dtype)])
 
 
 def _generate_paged(model, tokenizer, ids, max_new_tokens, temperature, top_k, top_p, seed,

@@ -15,6 +15,7 @@ import jax
 from flax import nnx
 
 from hone.config import dump_yaml
+from hone.config.schema import LoraSection
 from hone.errors import InputError
 from hone.models.scan_layers import scan_setting
 from hone.parallel import Layout, logical_names
@@ -43,22 +44,32 @@ def prepare_for_training(model, cfg):
     from hone.models.lora import LoRAParam, apply_lora
     lora = cfg.model.lora
     trainable = nnx.Param
+    # A vision-language model: its language model (`text`) is the Transformer the settings and
+    # the block selection are about; the default LoRA targets are the language model's.
+    text = getattr(model, "text", model)
     if lora.rank > 0:
-        apply_lora(model, rank=lora.rank, alpha=lora.alpha, targets=lora.targets,
+        targets = lora.targets
+        if text is not model and targets == LoraSection.targets:
+            targets = "text/" + targets
+        apply_lora(model, rank=lora.rank, alpha=lora.alpha, targets=targets,
                    dropout=lora.dropout, quantize=lora.quantize, rngs=nnx.Rngs(cfg.train.seed))
         trainable = LoRAParam
     if cfg.model.train_layers is not None:
-        trainable = nnx.All(trainable, top_blocks(model, cfg.model.train_layers))
-    if model.config.moe is not None:  # mixture of experts: router losses, frozen routers
+        trainable = nnx.All(trainable, top_blocks(text, cfg.model.train_layers))
+        if text is not model:  # the tower and the connector sit below every text block
+            trainable = nnx.All(trainable, nnx.PathContains("text"))
+    if text is not model and cfg.model.vision.freeze:  # the tower keeps its loaded weights
+        trainable = nnx.All(trainable, nnx.Not(nnx.PathContains("vision")))
+    if text.config.moe is not None:  # mixture of experts: router losses, frozen routers
         from hone.models.moe import RouterLoss
         moe = cfg.model.moe
-        model.router_loss = RouterLoss(moe.aux_loss_coef, moe.z_loss_coef)
+        text.router_loss = RouterLoss(moe.aux_loss_coef, moe.z_loss_coef)
         if moe.freeze_router:  # a routed MLP's router is its `router` parameter
             trainable = nnx.All(trainable, nnx.Not(nnx.PathContains("router")))
-    model.remat = cfg.train.remat
-    model.scan_layers = scan_setting(cfg.train.scan_layers, cfg.train.remat)
-    model.attention = cfg.model.attention
-    model.head_chunk = cfg.train.head_chunk
+    text.remat = cfg.train.remat
+    text.scan_layers = scan_setting(cfg.train.scan_layers, cfg.train.remat)
+    text.attention = cfg.model.attention
+    text.head_chunk = cfg.train.head_chunk
     return trainable
 
 

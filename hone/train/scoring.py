@@ -41,10 +41,17 @@ def head_logprobs(model, hidden: jax.Array, targets: jax.Array, entropy: bool = 
                                   model.head_chunk), None
 
 
+# A vision-language model's image inputs, when a batch carries them (hone.data.vision).
+IMAGE_KEYS = ("pixel_values", "pixel_attention_mask")
+
+
 def row_logprobs(model, mb, entropy: bool = False):
-    """`head_logprobs` of whole rows: (log-probs [B, L] of mb["targets"], entropy or None)."""
+    """`head_logprobs` of whole rows: (log-probs [B, L] of mb["targets"], entropy or None).
+    A batch with images (IMAGE_KEYS) hands them to the model with the tokens."""
+    images = {key: mb[key] for key in IMAGE_KEYS if key in mb}
     hidden = model.hidden(mb["tokens"], positions=mb["positions"],
-                          attention_mask=mb["attention_mask"], segment_ids=mb.get("segment_ids"))
+                          attention_mask=mb["attention_mask"], segment_ids=mb.get("segment_ids"),
+                          **images)
     return head_logprobs(model, hidden, mb["targets"], entropy)
 
 

@@ -26,6 +26,8 @@ from hone.models.transformer import Transformer
 from hone.weights.assemble import build_model, hf_tensors
 from hone.weights.hf_config import config_from_hf, config_to_hf
 from hone.weights.hf_vision import VISION_FAMILIES, load_vision_hf
+from hone.weights.hf_vision_save import is_vision_model, vision_hf_tensors
+from hone.weights.hf_vision_save import vision_model_config_to_hf
 
 _INDEX = "model.safetensors.index.json"
 _SINGLE = "model.safetensors"
@@ -154,18 +156,24 @@ def _shards(tensors: dict[str, np.ndarray], max_bytes: int) -> list[dict[str, np
 
 def save_hf(model: Transformer, out_dir: str | Path, tokenizer=None, *, dtype: str | None = None,
             max_shard_bytes: int = 4 << 30) -> Path:
-    """Write `model` (and the tokenizer, if given) as a folder transformers loads as-is.
+    """Write `model` (and the tokenizer, if given) as a folder transformers loads as-is: a
+    Transformer, or a vision-language model (Idefics3) as its ForConditionalGeneration class.
 
     dtype: "float32", "bfloat16" or "float16" for the stored weights (default: the model's).
     The folder appears only when complete; an existing one is replaced.
     """
     out_dir = Path(out_dir)
-    tensors = hf_tensors(model, None if dtype is None else jnp.dtype(dtype))
+    # A vision-language model (Idefics3): its names and nested config come from
+    # hone/weights/hf_vision_save.py; the folder is written below as for a text model.
+    vision = is_vision_model(model)
+    tensors = (vision_hf_tensors if vision else hf_tensors)(
+        model, None if dtype is None else jnp.dtype(dtype))
     stored = dtype or str(next(iter(tensors.values())).dtype)
     kw = {}
     if tokenizer is not None:
         kw = dict(bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
-    config = config_to_hf(model.config, dtype=stored, **kw)
+    config = (vision_model_config_to_hf if vision else config_to_hf)(model.config, dtype=stored,
+                                                                      **kw)
     with atomic_folder(out_dir) as tmp:
         shards = _shards(tensors, max_shard_bytes)
         if len(shards) == 1:

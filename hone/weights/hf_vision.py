@@ -1,5 +1,7 @@
 """Hugging Face folders of vision-language models in: Idefics3 / SmolVLM
-(`Idefics3ForConditionalGeneration`, model_type idefics3).
+(`Idefics3ForConditionalGeneration`, model_type idefics3); Gemma 3 (model_type gemma3) is
+hone/weights/hf_vision_gemma3.py's, dispatched from `load_vision_hf`, and the SigLIP tower's
+config hone/weights/hf_siglip.py's.
 
 The text model's tensors are the text families' (hone/weights/assemble.py's table) under
 `model.text_model.` instead of `model.`, with `lm_head.weight` at the top; the vision tower's
@@ -10,6 +12,7 @@ Tying follows transformers 5: the top-level `tie_word_embeddings` decides (not t
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -18,54 +21,13 @@ from flax import nnx
 
 from hone.errors import InputError
 from hone.models.vision.idefics3 import Idefics3, Idefics3Config
-from hone.models.vision.siglip import VisionConfig
 from hone.weights.assemble import TensorSource, hf_name_table, hf_shape, missing_names
 from hone.weights.assemble import stored_name, to_hone
 from hone.weights.hf_config import config_from_hf
+from hone.weights.hf_siglip import positive_int, vision_config_from_hf
+from hone.weights.hf_vision_gemma3 import load_gemma3_hf
 
-VISION_FAMILIES = ("idefics3",)
-_ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu": "gelu"}
-
-
-def _int(d: dict, key: str, default: int, path: str, prefix: str) -> int:
-    value = d.get(key, default)
-    if isinstance(value, (list, tuple)) and len(value) == 2 and value[0] == value[1]:
-        value = value[0]  # a square image or patch given as [side, side]
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise InputError(f"expected a positive integer, got {value!r}", path=path,
-                         key=prefix + key)
-    return value
-
-
-def vision_config_from_hf(d: dict, path: str, prefix: str = "vision_config.") -> VisionConfig:
-    """A SigLIP-style tower's config (defaults: transformers' Idefics3VisionConfig)."""
-    if not isinstance(d, dict):
-        raise InputError(f"expected an object, got {d!r}", path=path, key=prefix[:-1])
-    act = d.get("hidden_act", "gelu_pytorch_tanh")
-    if act not in _ACTIVATIONS:
-        raise InputError(f"activation {act!r} is not supported; supported: "
-                         f"{', '.join(_ACTIVATIONS)}", path=path, key=prefix + "hidden_act")
-    eps = d.get("layer_norm_eps", 1e-6)
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps > 0:
-        raise InputError(f"expected a positive number, got {eps!r}", path=path,
-                         key=prefix + "layer_norm_eps")
-    cfg = VisionConfig(
-        hidden_size=_int(d, "hidden_size", 1152, path, prefix),
-        intermediate_size=_int(d, "intermediate_size", 3072, path, prefix),
-        num_layers=_int(d, "num_hidden_layers", 12, path, prefix),
-        num_heads=_int(d, "num_attention_heads", 16, path, prefix),
-        num_channels=_int(d, "num_channels", 3, path, prefix),
-        image_size=_int(d, "image_size", 224, path, prefix),
-        patch_size=_int(d, "patch_size", 32, path, prefix),
-        layer_norm_eps=float(eps),
-        activation=_ACTIVATIONS[act])
-    if cfg.hidden_size % cfg.num_heads:
-        raise InputError(f"hidden_size {cfg.hidden_size} is not a multiple of "
-                         f"num_attention_heads {cfg.num_heads}", path=path,
-                         key=prefix + "num_attention_heads")
-    return cfg
+VISION_FAMILIES = ("idefics3", "gemma3")
 
 
 def idefics3_config_from_hf(d: dict, path: str = "config.json") -> Idefics3Config:
@@ -80,7 +42,7 @@ def idefics3_config_from_hf(d: dict, path: str = "config.json") -> Idefics3Confi
         raise InputError(f"text model {text['model_type']!r} is not supported for idefics3; "
                          "supported: llama", path=path, key="text_config.model_type")
     vision = vision_config_from_hf(d.get("vision_config") or {}, path)
-    scale = _int(d, "scale_factor", 2, path, "")
+    scale = positive_int(d, "scale_factor", 2, path, "")
     side = vision.patches_per_side
     if side % scale:
         raise InputError(f"the vision grid side {side} (image_size // patch_size) is not a "
@@ -160,5 +122,20 @@ def build_idefics3(cfg: Idefics3Config, source: TensorSource, dtype=jnp.float32)
 def load_vision_hf(folder: Path, config: dict, source: TensorSource, dtype=jnp.float32):
     """The vision-language model of a HF folder whose config.json (parsed: `config`) names a
     family of VISION_FAMILIES."""
+    if config.get("model_type") == "gemma3":
+        return load_gemma3_hf(folder, config, source, dtype)
     cfg = idefics3_config_from_hf(config, str(folder / "config.json"))
     return build_idefics3(cfg, source, dtype)
+
+
+def vision_family(source) -> str | None:
+    """The model_type of a Hugging Face folder holding a vision-language model (one of
+    VISION_FAMILIES), else None (a text model, a preset, a GGUF file)."""
+    config = Path(str(source)) / "config.json"
+    if not config.is_file():
+        return None
+    try:
+        family = json.loads(config.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return family if family in VISION_FAMILIES else None

@@ -25,15 +25,20 @@ from hone.fileio import atomic_folder
 from hone.models.lora import expert_lora_modules, lora_modules
 from hone.models.transformer import Transformer
 from hone.weights.assemble import hf_name_table
+from hone.weights.hf_vision_save import is_vision_model, vision_name_table
 
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"
 
 
 def _hf_modules(model: Transformer) -> dict[str, str]:
-    """hone module path ("layers/0/attn/q") -> HF module name, for every projection."""
+    """hone module path ("layers/0/attn/q") -> HF module name, for every projection. A
+    vision-language model's come from its own table ("text/layers/0/attn/q" ->
+    "model.text_model.layers.0.self_attn.q_proj", the tower's and the connector's beside)."""
+    table = (vision_name_table(model) if is_vision_model(model)
+             else hf_name_table(model.config))
     out = {}
-    for path, (name, kind) in hf_name_table(model.config).items():
+    for path, (name, kind) in table.items():
         if path[-1] == "kernel" and kind in ("in", "out"):
             out["/".join(str(p) for p in path[:-1])] = name.removesuffix(".weight")
     return out
@@ -76,6 +81,11 @@ def save_peft(model: Transformer, out_dir: str | Path, base_model_name_or_path: 
     (rank, alpha, dropout), = settings
     hf_modules = _hf_modules(model)
     tensors, names = {}, []
+    unmapped = [path for path in adapted if path not in hf_modules]
+    if unmapped:  # e.g. the vision tower's patch convolution: PEFT's Conv2d adapter differs
+        raise InputError(f"{unmapped[0]} has adapters but no PEFT module to put them on; "
+                         f"export merged with --format hf, or leave it out of the targets",
+                         key="model.lora.targets")
     for path, lin in adapted.items():
         module = hf_modules[path]
         names.append(module)

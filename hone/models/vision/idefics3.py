@@ -111,11 +111,17 @@ class Idefics3(nnx.Module):
         if pixel_values is None:
             return embeds
         placeholder = tokens == self.config.image_token_id  # [B, T]
-        # Checked before the tower runs: a bad batch fails at once.
-        check_image_tokens(placeholder, real_images(pixel_values), self.tokens_per_image(
-            pixel_values), self.config.image_token_id)
+        self.check_images(tokens, pixel_values)  # before the tower runs: a bad batch fails at once
         features, real = self.image_features(pixel_values, pixel_attention_mask)
         return scatter_images(embeds, placeholder, features, real)
+
+    def check_images(self, input_ids, pixel_values) -> None:
+        """Raise InputError where a row's `<image>` count is not its real images' features
+        (check_image_tokens); concrete inputs only, traced ones pass unchecked. The sampler
+        calls it before its jitted `embed`, inside which the check cannot run."""
+        check_image_tokens(jnp.asarray(input_ids) == self.config.image_token_id,
+                           real_images(pixel_values), self.tokens_per_image(pixel_values),
+                           self.config.image_token_id)
 
     def tokens_per_image(self, pixel_values) -> int:
         """Q, the placeholders one image of pixel_values [B, I, C, Y, X] fills."""
@@ -130,6 +136,15 @@ class Idefics3(nnx.Module):
                   self.embed(input_ids, pixel_values, pixel_attention_mask))
         return self.text.hidden(jnp.asarray(input_ids), positions, attention_mask, segment_ids,
                                 branch_ids=branch_ids, embeds=embeds)
+
+    @property
+    def head_chunk(self) -> int:
+        """The text model's LM-head chunk (what the trainer set there; hone.train.scoring)."""
+        return self.text.head_chunk
+
+    def logits_from_hidden(self, hidden: jax.Array) -> jax.Array:
+        """The text model's LM head on hidden states [..., D] -> float32 logits [..., V]."""
+        return self.text.logits_from_hidden(hidden)
 
     def __call__(self, input_ids, positions=None, attention_mask=None, segment_ids=None, *,
                  pixel_values=None, pixel_attention_mask=None, branch_ids=None) -> jax.Array:

@@ -1,11 +1,13 @@
-"""The config of a SigLIP-style vision tower from a Hugging Face `vision_config`, which the
-vision-language families share (hone/weights/hf_vision.py, hone/weights/hf_vision_gemma3.py).
+"""What the vision-language families share in Hugging Face folders (hone/weights/hf_vision.py,
+hone/weights/hf_vision_gemma3.py): the config of a SigLIP-style vision tower from a
+`vision_config`, its tensor names, and the language model's names under the family's prefix.
 """
 
 from __future__ import annotations
 
 from hone.errors import InputError
 from hone.models.vision.siglip import VisionConfig
+from hone.weights.assemble import hf_name_table
 
 _ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu": "gelu"}
 
@@ -50,3 +52,41 @@ def vision_config_from_hf(d: dict, path: str, prefix: str = "vision_config.") ->
                          f"num_attention_heads {cfg.num_heads}", path=path,
                          key=prefix + "num_attention_heads")
     return cfg
+
+
+def text_name_table(text_cfg, prefix: str) -> dict[tuple, tuple[str, str]]:
+    """The language model's rows of a family's name table: hone path ("text", ...) -> (HF name
+    with "model." replaced by `prefix`, layout kind); the LM head keeps its top-level name."""
+    table = {}
+    for path, (name, kind) in hf_name_table(text_cfg).items():
+        if name.startswith("model."):
+            name = prefix + name.removeprefix("model.")
+        table[("text",) + path] = (name, kind)
+    return table
+
+
+def tower_name_table(cfg: VisionConfig, v: str) -> dict[tuple, tuple[str, str]]:
+    """A SigLIP-style tower's rows: hone path ("vision", ...) -> (HF name under prefix `v`,
+    layout kind); kinds as in assemble.py, plus "conv": hone's patch kernel [C, p, p, E] <->
+    HF's Conv2d weight [E, C, p, p]."""
+    V = ("vision",)
+    table = {
+        V + ("patch", "kernel"): (v + "embeddings.patch_embedding.weight", "conv"),
+        V + ("patch_bias",): (v + "embeddings.patch_embedding.bias", "same"),
+        V + ("position",): (v + "embeddings.position_embedding.weight", "same"),
+        V + ("post_norm", "scale"): (v + "post_layernorm.weight", "same"),
+        V + ("post_norm", "bias"): (v + "post_layernorm.bias", "same")}
+    for i in range(cfg.num_layers):
+        p, L = f"{v}encoder.layers.{i}.", V + ("layers", i)
+        for ours, theirs in (("attn_norm", "layer_norm1"), ("mlp_norm", "layer_norm2")):
+            table[L + (ours, "scale")] = (p + theirs + ".weight", "same")
+            table[L + (ours, "bias")] = (p + theirs + ".bias", "same")
+        for x in "qkv":
+            table[L + ("attn", x, "kernel")] = (p + f"self_attn.{x}_proj.weight", "in")
+            table[L + ("attn", f"{x}_bias")] = (p + f"self_attn.{x}_proj.bias", "bias")
+        table[L + ("attn", "o", "kernel")] = (p + "self_attn.out_proj.weight", "out")
+        table[L + ("attn", "o_bias")] = (p + "self_attn.out_proj.bias", "same")
+        for fc in ("fc1", "fc2"):
+            table[L + ("mlp", fc, "kernel")] = (p + f"mlp.{fc}.weight", "in")
+            table[L + ("mlp", f"{fc}_bias")] = (p + f"mlp.{fc}.bias", "same")
+    return table

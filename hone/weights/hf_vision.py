@@ -21,10 +21,11 @@ from flax import nnx
 
 from hone.errors import InputError
 from hone.models.vision.idefics3 import Idefics3, Idefics3Config
-from hone.weights.assemble import TensorSource, hf_name_table, hf_shape, missing_names
+from hone.weights.assemble import TensorSource, hf_shape, missing_names
 from hone.weights.assemble import stored_name, to_hone
 from hone.weights.hf_config import config_from_hf
-from hone.weights.hf_siglip import positive_int, vision_config_from_hf
+from hone.weights.hf_siglip import (positive_int, text_name_table, tower_name_table,
+                                    vision_config_from_hf)
 from hone.weights.hf_vision_gemma3 import load_gemma3_hf
 
 VISION_FAMILIES = ("idefics3", "gemma3")
@@ -57,30 +58,8 @@ def idefics3_config_from_hf(d: dict, path: str = "config.json") -> Idefics3Confi
 def idefics3_name_table(cfg: Idefics3Config) -> dict[tuple, tuple[str, str]]:
     """hone parameter path -> (HF tensor name, layout kind); kinds as in assemble.py, plus
     "conv": hone's patch kernel [C, p, p, E] <-> HF's Conv2d weight [E, C, p, p]."""
-    table = {}
-    for path, (name, kind) in hf_name_table(cfg.text).items():
-        if name.startswith("model."):
-            name = "model.text_model." + name.removeprefix("model.")
-        table[("text",) + path] = (name, kind)
-    v, V = "model.vision_model.", ("vision",)
-    table[V + ("patch", "kernel")] = (v + "embeddings.patch_embedding.weight", "conv")
-    table[V + ("patch_bias",)] = (v + "embeddings.patch_embedding.bias", "same")
-    table[V + ("position",)] = (v + "embeddings.position_embedding.weight", "same")
-    table[V + ("post_norm", "scale")] = (v + "post_layernorm.weight", "same")
-    table[V + ("post_norm", "bias")] = (v + "post_layernorm.bias", "same")
-    for i in range(cfg.vision.num_layers):
-        p, L = f"{v}encoder.layers.{i}.", V + ("layers", i)
-        for ours, theirs in (("attn_norm", "layer_norm1"), ("mlp_norm", "layer_norm2")):
-            table[L + (ours, "scale")] = (p + theirs + ".weight", "same")
-            table[L + (ours, "bias")] = (p + theirs + ".bias", "same")
-        for x in "qkv":
-            table[L + ("attn", x, "kernel")] = (p + f"self_attn.{x}_proj.weight", "in")
-            table[L + ("attn", f"{x}_bias")] = (p + f"self_attn.{x}_proj.bias", "bias")
-        table[L + ("attn", "o", "kernel")] = (p + "self_attn.out_proj.weight", "out")
-        table[L + ("attn", "o_bias")] = (p + "self_attn.out_proj.bias", "same")
-        for fc in ("fc1", "fc2"):
-            table[L + ("mlp", fc, "kernel")] = (p + f"mlp.{fc}.weight", "in")
-            table[L + ("mlp", f"{fc}_bias")] = (p + f"mlp.{fc}.bias", "same")
+    table = {**text_name_table(cfg.text, "model.text_model."),
+             **tower_name_table(cfg.vision, "model.vision_model.")}
     table[("connector", "proj", "kernel")] = ("model.connector.modality_projection.proj.weight",
                                               "in")
     return table

@@ -23,10 +23,10 @@ from flax import nnx
 
 from hone.errors import InputError
 from hone.models.vision.gemma3 import Gemma3Vision, Gemma3VisionConfig
-from hone.weights.assemble import TensorSource, hf_name_table, hf_shape, missing_names
+from hone.weights.assemble import TensorSource, hf_shape, missing_names
 from hone.weights.assemble import stored_name, to_hone
 from hone.weights.hf_config import config_from_hf
-from hone.weights.hf_siglip import vision_config_from_hf
+from hone.weights.hf_siglip import text_name_table, tower_name_table, vision_config_from_hf
 
 # transformers' Gemma3TextConfig defaults for the keys a Hub text_config may leave out.
 _TEXT_DEFAULTS = {"model_type": "gemma3_text", "vocab_size": 262_208, "hidden_size": 2304,
@@ -85,30 +85,8 @@ def gemma3_config_from_hf(d: dict, path: str = "config.json") -> Gemma3VisionCon
 def gemma3_name_table(cfg: Gemma3VisionConfig) -> dict[tuple, tuple[str, str]]:
     """hone parameter path -> (HF tensor name in transformers 5's module names, layout kind);
     kinds as in assemble.py, plus "conv" (the patch kernel, as in hf_vision.py)."""
-    table = {}
-    for path, (name, kind) in hf_name_table(cfg.text).items():
-        if name.startswith("model."):
-            name = "model.language_model." + name.removeprefix("model.")
-        table[("text",) + path] = (name, kind)
-    v, V = "model.vision_tower.", ("vision",)
-    table[V + ("patch", "kernel")] = (v + "embeddings.patch_embedding.weight", "conv")
-    table[V + ("patch_bias",)] = (v + "embeddings.patch_embedding.bias", "same")
-    table[V + ("position",)] = (v + "embeddings.position_embedding.weight", "same")
-    table[V + ("post_norm", "scale")] = (v + "post_layernorm.weight", "same")
-    table[V + ("post_norm", "bias")] = (v + "post_layernorm.bias", "same")
-    for i in range(cfg.vision.num_layers):
-        p, L = f"{v}encoder.layers.{i}.", V + ("layers", i)
-        for ours, theirs in (("attn_norm", "layer_norm1"), ("mlp_norm", "layer_norm2")):
-            table[L + (ours, "scale")] = (p + theirs + ".weight", "same")
-            table[L + (ours, "bias")] = (p + theirs + ".bias", "same")
-        for x in "qkv":
-            table[L + ("attn", x, "kernel")] = (p + f"self_attn.{x}_proj.weight", "in")
-            table[L + ("attn", f"{x}_bias")] = (p + f"self_attn.{x}_proj.bias", "bias")
-        table[L + ("attn", "o", "kernel")] = (p + "self_attn.out_proj.weight", "out")
-        table[L + ("attn", "o_bias")] = (p + "self_attn.out_proj.bias", "same")
-        for fc in ("fc1", "fc2"):
-            table[L + ("mlp", fc, "kernel")] = (p + f"mlp.{fc}.weight", "in")
-            table[L + ("mlp", f"{fc}_bias")] = (p + f"mlp.{fc}.bias", "same")
+    table = {**text_name_table(cfg.text, "model.language_model."),
+             **tower_name_table(cfg.vision, "model.vision_tower.")}
     m = "model.multi_modal_projector."
     table[("projector", "norm", "scale")] = (m + "mm_soft_emb_norm.weight", "same")
     table[("projector", "proj", "kernel")] = (m + "mm_input_projection_weight", "same")  # [E, D]

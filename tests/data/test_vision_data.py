@@ -14,6 +14,7 @@ import pytest
 from flax import nnx
 from hypothesis import HealthCheck, given, settings
 from PIL import Image
+from vision_reference import vlm_tokenizer
 
 from hone.data.vision import VisionStats, pad_vision_rows, tokenize_vision_sft
 from hone.errors import InputError
@@ -22,26 +23,14 @@ from hone.models.vision.idefics3 import Idefics3, Idefics3Config, check_image_to
 from hone.models.vision.idefics3_processor import (Idefics3ImageSettings, expand_prompt,
                                                    preprocess)
 from hone.models.vision.siglip import VisionConfig
-from hone.tokenizer import Tokenizer, byte_level_backend
 
-# A SmolVLM-style template: parts rendered in order, <image> for each image part.
-TEMPLATE = (
-    "<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}"
-    "{% if message['content'] is string %}: {{ message['content'] }}"
-    "{% else %}{% if message['content'][0]['type'] == 'image' %}:{% else %}: {% endif %}"
-    "{% for line in message['content'] %}{% if line['type'] == 'text' %}{{ line['text'] }}"
-    "{% elif line['type'] == 'image' %}<image>{% endif %}{% endfor %}{% endif %}"
-    "<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}")
-SPECIALS = ["<|im_start|>", "<end_of_utterance>", "<image>", "<fake_token_around_image>",
-            "<global-img>"] + [f"<row_{r}_col_{c}>" for r in range(1, 5) for c in range(1, 5)]
 # Frames of 16 pixels; the model below: patches of 4 (16 a frame), pixel shuffle 2 -> 4 tokens.
 SETTINGS = Idefics3ImageSettings(longest_edge=32, tile=16, image_seq_len=4)
 
 
 @pytest.fixture(scope="module")
 def tok():
-    return Tokenizer(byte_level_backend(SPECIALS), eos_token="<end_of_utterance>",
-                     chat_template=TEMPLATE)
+    return vlm_tokenizer()
 
 
 def picture(width, height, seed=0):

@@ -13,16 +13,13 @@ import pytest
 import torch
 import transformers
 from flax import nnx
-from reference import max_diff_on_real_tokens, randomize
+from reference import max_diff_on_real_tokens
+from vision_reference import FAKE, IMAGE, PER_IMAGE, build_idefics3, idefics3_config
 
-import hone
 from hone.errors import InputError
 from hone.models.vision.idefics3 import Idefics3
 from hone.models.vision.siglip import bucket_boundaries, fractional_position_ids
 
-IMAGE = 96  # the <image> placeholder id (the tokenizer's last ids are the special tokens)
-FAKE = 95  # <fake_token_around_image>: an ordinary text token to the model
-PER_IMAGE = 4  # (32 / 8) ** 2 patches / 2 ** 2
 # Fixed, never loosened; tighter than the text families' 1e-4 (reference.TOL): the largest
 # difference measured was 6e-7 on logits of size 1.5.
 TOL = 1e-5
@@ -39,28 +36,11 @@ def _jitted(model, ids, mask, pixels, pmask):
 
 
 def hf_config(tie: bool = False):
-    return transformers.Idefics3Config(
-        vision_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                           num_attention_heads=4, image_size=32, patch_size=8),
-        text_config=dict(model_type="llama", vocab_size=97, hidden_size=48,
-                         intermediate_size=80, num_hidden_layers=2, num_attention_heads=3,
-                         num_key_value_heads=1, head_dim=16, max_position_embeddings=64,
-                         rope_theta=1e5),
-        scale_factor=2, image_token_id=IMAGE, tie_word_embeddings=tie)
+    return idefics3_config(tie)
 
 
 def build(tmp_path, tie: bool = False):
-    config = hf_config(tie)
-    config._attn_implementation = "eager"
-    config.vision_config._attn_implementation = "eager"
-    config.text_config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    ref = transformers.Idefics3ForConditionalGeneration(config).to(torch.float32)
-    randomize(ref)
-    ref.eval()
-    folder = tmp_path / ("tied" if tie else "untied")
-    ref.save_pretrained(str(folder))
-    return ref, hone.load_model(folder, dtype="float32")
+    return build_idefics3(tmp_path / ("tied" if tie else "untied"), hf_config(tie))
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import torch
 import transformers
 from flax import nnx
 from PIL import Image
+from vision_reference import idefics3_config, vlm_tokenizer
 
 import hone
 from hone.config import SFTConfig, load_config
@@ -20,18 +21,9 @@ from hone.export import export_run
 from hone.models.lora import LoRAParam
 from hone.recipes.sft import run_sft
 from hone.train.build import prepare_for_training
-from hone.tokenizer import Tokenizer, byte_level_backend, load_tokenizer
+from hone.tokenizer import load_tokenizer
 from hone.train.sft_objective import sft_step_loss
 
-TEMPLATE = (
-    "<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}"
-    "{% if message['content'] is string %}: {{ message['content'] }}"
-    "{% else %}{% if message['content'][0]['type'] == 'image' %}:{% else %}: {% endif %}"
-    "{% for line in message['content'] %}{% if line['type'] == 'text' %}{{ line['text'] }}"
-    "{% elif line['type'] == 'image' %}<image>{% endif %}{% endfor %}{% endif %}"
-    "<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}")
-SPECIALS = ["<|im_start|>", "<end_of_utterance>", "<image>", "<fake_token_around_image>",
-            "<global-img>"] + [f"<row_{r}_col_{c}>" for r in range(1, 3) for c in range(1, 3)]
 COLOURS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (40, 50, 230)}
 
 
@@ -40,18 +32,10 @@ def folder(tmp_path_factory):
     """A tiny Idefics3 folder: weights and config by transformers, hone's byte-level tokenizer
     with the image tokens, 32-pixel tiles of 4 placeholders (8-pixel patches, pixel shuffle 2)."""
     out = tmp_path_factory.mktemp("smolvlm")
-    tok = Tokenizer(byte_level_backend(SPECIALS), eos_token="<end_of_utterance>",
-                    chat_template=TEMPLATE)
+    tok = vlm_tokenizer(grid=2)
     tok.save(out)
-    config = transformers.Idefics3Config(
-        vision_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-                           num_attention_heads=4, image_size=32, patch_size=8),
-        text_config=dict(model_type="llama", vocab_size=tok.vocab_size, hidden_size=48,
-                         intermediate_size=80, num_hidden_layers=2, num_attention_heads=3,
-                         num_key_value_heads=1, head_dim=16, max_position_embeddings=256,
-                         rope_theta=1e5),
-        scale_factor=2, image_token_id=tok.encode("<image>", add_special_tokens=False)[0])
-    config._attn_implementation = "eager"
+    config = idefics3_config(vocab_size=tok.vocab_size, vision_layers=1, max_positions=256,
+                             image_token_id=tok.encode("<image>", add_special_tokens=False)[0])
     torch.manual_seed(0)
     transformers.Idefics3ForConditionalGeneration(config).save_pretrained(str(out))
     (out / "preprocessor_config.json").write_text(json.dumps(

@@ -13,15 +13,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-import transformers
 from flax import nnx
-from reference import randomize
+from vision_reference import FAKE, IMAGE, PER_IMAGE, build_idefics3, idefics3_config
 
-import hone
 from hone.errors import InputError
 from hone.sampling.generate import generate
 
-IMAGE, FAKE, PER_IMAGE = 96, 95, 4  # as in tests/models/test_idefics3.py
 NEW = 8
 TOL = 1e-4  # the sampler's fixed tolerance (tests/sampling/test_generate.py); never loosened
 
@@ -29,23 +26,7 @@ TOL = 1e-4  # the sampler's fixed tolerance (tests/sampling/test_generate.py); n
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """(transformers' Idefics3ForConditionalGeneration, hone's model of its saved folder)."""
-    config = transformers.Idefics3Config(
-        vision_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                           num_attention_heads=4, image_size=32, patch_size=8),
-        text_config=dict(model_type="llama", vocab_size=97, hidden_size=48,
-                         intermediate_size=80, num_hidden_layers=2, num_attention_heads=3,
-                         num_key_value_heads=1, head_dim=16, max_position_embeddings=64,
-                         rope_theta=1e5),
-        scale_factor=2, image_token_id=IMAGE, tie_word_embeddings=False)
-    for c in (config, config.vision_config, config.text_config):
-        c._attn_implementation = "eager"
-    torch.manual_seed(0)
-    ref = transformers.Idefics3ForConditionalGeneration(config).to(torch.float32)
-    randomize(ref)
-    ref.eval()
-    folder = tmp_path_factory.mktemp("idefics3_generate")
-    ref.save_pretrained(str(folder))
-    return ref, hone.load_model(folder, dtype="float32")
+    return build_idefics3(tmp_path_factory.mktemp("idefics3_generate"), idefics3_config())
 
 
 def prompts_and_images(seed: int = 0):

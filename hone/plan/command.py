@@ -73,16 +73,32 @@ def _command_of(path: str | None, given: str | None) -> str:
 
 
 def _architecture(source: str):
+    """(the language model's ModelConfig, its vision tower's and connector's parameters: 0 for
+    a text model)."""
     from hone.models.config import PRESETS
     if source in PRESETS:
-        return PRESETS[source]
+        return PRESETS[source], 0
     folder = Path(source)
     if (folder / "config.json").is_file():
         from hone.weights.hf_config import config_from_hf
+        from hone.weights.hf_vision import vision_family, vision_model_config
+        if vision_family(folder):  # counted on the model built abstractly: no weights read
+            return _vision_architecture(vision_model_config(folder))
         return config_from_hf(json.loads((folder / "config.json").read_text()),
-                              str(folder / "config.json"))
+                              str(folder / "config.json")), 0
     raise InputError("the planner needs a preset name or a Hugging Face folder with a "
                      "config.json", path=source, key="model.source")
+
+
+def _vision_architecture(build):
+    """(text config, parameters outside the language model) of a vision-language model, from
+    its modules' shapes (`build` makes the model; nnx.eval_shape allocates nothing)."""
+    import jax
+    from flax import nnx
+    model = nnx.eval_shape(build)
+    every = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    text = sum(x.size for x in jax.tree.leaves(nnx.state(model.text, nnx.Param)))
+    return model.text.config, every - text
 
 
 def build_input(args) -> PlanInput:
@@ -99,9 +115,10 @@ def build_input(args) -> PlanInput:
     cfg = load_config(CLASSES[command], args.config, overrides)
     fixed = [getattr(cfg.mesh, a) for a in ("data", "fsdp", "tp", "seq")]
     devices = args.devices or math.prod(s for s in fixed if s != -1)
-    arch = _architecture(cfg.model.source)
-    teacher = _architecture(cfg.teacher.source) if command == "distill" else None
-    return from_config(command, cfg, arch=arch, devices=devices, teacher=teacher)
+    arch, vision = _architecture(cfg.model.source)
+    teacher = _architecture(cfg.teacher.source)[0] if command == "distill" else None
+    return from_config(command, cfg, arch=arch, devices=devices, teacher=teacher,
+                       vision_params=vision)
 
 
 def _unit(peak: float) -> tuple[str, float]:
@@ -117,7 +134,9 @@ def describe(p: PlanInput) -> str:
 
     # Mixture of experts: every expert is resident; a token's activations see the active ones.
     active = f" ({count(p.arch.num_params(active=True))} active)" if p.arch.moe else ""
-    return (f"{p.command}: {count(p.arch.num_params())} parameters{active}, {how}; "
+    tower = (f" (+ {count(p.vision_params)} in the vision tower and connector"
+             f"{', frozen' if p.vision_frozen else ''})" if p.vision_params else "")
+    return (f"{p.command}: {count(p.arch.num_params())} parameters{active}{tower}, {how}; "
             f"{p.rows} rows x {p.row_len} tokens per step, grad_accum {p.grad_accum}; "
             f"remat {p.remat}{' (scan)' if p.scan else ' (loop)'}, precision {p.precision}, "
             f"weights {p.param_dtype}; mesh data={p.data} fsdp={p.fsdp} tp={p.tp} seq={p.seq}")
@@ -158,6 +177,7 @@ def json_report(plan: Plan, memory: float, source: str, fixes) -> str:
     p = plan.input
     return json.dumps({
         "command": p.command, "rows": p.rows, "row_len": p.row_len,
+        "vision_params": p.vision_params,
         "mesh": {"data": p.data, "fsdp": p.fsdp, "tp": p.tp, "seq": p.seq},
         "persistent": plan.persistent, "update": plan.update, "working": plan.working,
         "rollout": plan.rollout, "staleness": p.staleness,

@@ -57,6 +57,8 @@ class PlanInput:
     max_seqs: int | None = None  # RL, paged: sequences at once; None = all rows, at most 64
     staleness: int = 0  # RL: max_staleness; > 0 keeps that many policy versions, and the
     # rollout's memory is alive during the update
+    vision_params: int = 0  # a vision-language model: its tower's and connector's parameters
+    vision_frozen: bool = False  # model.vision.freeze: they keep their loaded weights
 
     @property
     def devices(self) -> int:
@@ -108,10 +110,11 @@ def _rl_rows(section, batch: int) -> tuple[int, int, int]:
 
 
 def from_config(command: str, cfg, *, arch: ModelConfig | None = None, devices: int = 1,
-                teacher: ModelConfig | None = None) -> PlanInput:
+                teacher: ModelConfig | None = None, vision_params: int = 0) -> PlanInput:
     """The PlanInput of a loaded config of `command` (hone.config.COMMANDS' classes). `arch`
     and `teacher`: the model's and the distillation teacher's architectures (default: the
-    presets named by model.source and teacher.source)."""
+    presets named by model.source and teacher.source); a vision-language model's `arch` is its
+    language model's, `vision_params` its tower's and connector's parameters."""
     from hone.models.config import preset
     from hone.models.scan_layers import scan_setting
     if arch is None:
@@ -168,4 +171,5 @@ def from_config(command: str, cfg, *, arch: ModelConfig | None = None, devices: 
         scan=scan_setting(t.scan_layers, t.remat), head_chunk=t.head_chunk,
         attention=cfg.model.attention, rows=rows, row_len=row_len, head_len=head_len,
         grad_accum=t.grad_accum, data=mesh["data"], fsdp=mesh["fsdp"], tp=mesh["tp"],
-        seq=mesh["seq"], **extra)
+        seq=mesh["seq"], vision_params=vision_params, vision_frozen=cfg.model.vision.freeze,
+        **extra)

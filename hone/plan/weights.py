@@ -14,6 +14,8 @@ What hone keeps (hone/train/step.py, hone/train/optimizer.py, hone/train/state.p
   and heads over tp); the norms are replicated, a rounding error here.
 - QLoRA (hone/models/quant.py): a quantized kernel costs 0.5625 bytes per weight (nf4) or
   1.0625 (int8); the embedding and norms stay in model.dtype.
+- A vision-language model's tower and connector (`vision_params`) train only under full
+  fine-tuning without model.vision.freeze; otherwise they are frozen base weights.
 """
 
 from __future__ import annotations
@@ -70,13 +72,20 @@ def _top_layers(p: PlanInput) -> range:
     return range(n - (p.train_layers or n), n)
 
 
+def vision_trains(p: PlanInput) -> bool:
+    """Whether a vision-language model's tower and connector train: under full fine-tuning of
+    every block, unless model.vision.freeze (LoRA's default targets are the language model's;
+    with train_layers they sit below every trained block: hone.train.build)."""
+    return not (p.lora_rank or p.train_layers is not None or p.vision_frozen)
+
+
 def trainable_params(p: PlanInput) -> int:
     """Parameters with gradients and optimizer state."""
     arch = p.arch
     if p.lora_rank:
         return lora_params(p, _top_layers(p))
     if p.train_layers is None:
-        return arch.num_params()
+        return arch.num_params() + (p.vision_params if vision_trains(p) else 0)
     above = arch.hidden_size + (0 if arch.tie_embeddings else arch.vocab_size * arch.hidden_size)
     return above + sum(block_params(arch, i) for i in _top_layers(p))
 
@@ -86,8 +95,8 @@ def frozen_bytes(p: PlanInput) -> float:
     adapters (quantized where the adapters' targets are), the lower blocks with train_layers."""
     arch, pb = p.arch, param_bytes(p)
     if not p.lora_rank:
-        return (arch.num_params() - trainable_params(p)) * pb
-    total = arch.num_params() * pb
+        return (arch.num_params() + p.vision_params - trainable_params(p)) * pb
+    total = (arch.num_params() + p.vision_params) * pb
     if p.quantize in QUANT_BYTES:
         kernels = sum(i * o for layer in range(arch.num_layers)
                       for i, o in targeted(p, layer).values())

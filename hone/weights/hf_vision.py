@@ -14,19 +14,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from hone.errors import InputError
+from hone.models.vision.gemma3 import Gemma3Vision
 from hone.models.vision.idefics3 import Idefics3, Idefics3Config
 from hone.weights.assemble import TensorSource, hf_shape, missing_names
 from hone.weights.assemble import stored_name, to_hone
 from hone.weights.hf_config import config_from_hf
 from hone.weights.hf_siglip import (positive_int, text_name_table, tower_name_table,
                                     vision_config_from_hf)
-from hone.weights.hf_vision_gemma3 import load_gemma3_hf
+from hone.weights.hf_vision_gemma3 import gemma3_config_from_hf, load_gemma3_hf
 
 VISION_FAMILIES = ("idefics3", "gemma3")
 
@@ -118,3 +120,15 @@ def vision_family(source) -> str | None:
     except (OSError, ValueError, AttributeError):
         return None
     return family if family in VISION_FAMILIES else None
+
+
+def vision_model_config(folder) -> Callable[[], object]:
+    """A function building the (random-init) vision-language model of a HF folder's
+    config.json: what nnx.eval_shape takes to know its parameters without reading weights."""
+    path = Path(str(folder)) / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    if config.get("model_type") == "gemma3":
+        cfg = gemma3_config_from_hf(config, str(path))
+        return lambda: Gemma3Vision(cfg, rngs=nnx.Rngs(0))
+    cfg = idefics3_config_from_hf(config, str(path))
+    return lambda: Idefics3(cfg, rngs=nnx.Rngs(0))

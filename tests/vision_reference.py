@@ -3,8 +3,11 @@
 placeholders per image, and a 2-layer Llama), and a SmolVLM-style tokenizer and chat template.
 """
 
+import json
+
 import torch
 import transformers
+from PIL import Image
 from reference import randomize
 
 import hone
@@ -60,3 +63,35 @@ def build_idefics3(folder, config, randomized: bool = True):
     ref.eval()
     ref.save_pretrained(str(folder))
     return ref, hone.load_model(folder, dtype="float32")
+
+
+COLOURS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (40, 50, 230)}
+
+
+def smolvlm_folder(out):
+    """A tiny Idefics3 folder as training reads it: weights and config by transformers (seeded,
+    not randomized), vlm_tokenizer(grid=2), 32-pixel tiles of 4 placeholders (8-pixel patches,
+    pixel shuffle 2), images first resized to 64 pixels a side at most."""
+    tok = vlm_tokenizer(grid=2)
+    tok.save(out)
+    config = idefics3_config(vocab_size=tok.vocab_size, vision_layers=1, max_positions=256,
+                             image_token_id=tok.encode("<image>", add_special_tokens=False)[0])
+    torch.manual_seed(0)
+    transformers.Idefics3ForConditionalGeneration(config).save_pretrained(str(out))
+    (out / "preprocessor_config.json").write_text(json.dumps(
+        {"size": {"longest_edge": 64}, "max_image_size": {"longest_edge": 32},
+         "do_image_splitting": True}))
+    (out / "processor_config.json").write_text(json.dumps({"image_seq_len": 4}))
+    return out
+
+
+def colour_images(folder) -> dict[str, str]:
+    """Solid images of each colour, two sizes (a 2 x 2 split plus the global view, or one frame
+    when it fits a tile), written under folder/img: {name+size: relative path}."""
+    (folder / "img").mkdir(exist_ok=True)
+    out = {}
+    for k, (name, rgb) in enumerate(COLOURS.items()):
+        for size in (20, 50):
+            Image.new("RGB", (size, size + k), rgb).save(folder / "img" / f"{name}{size}.png")
+            out[f"{name}{size}"] = f"img/{name}{size}.png"
+    return out

@@ -138,7 +138,7 @@ def tokenize_pair(record: dict, tokenizer, *, format: str = "auto", max_length: 
     if not prompt_ids:
         stats.skipped_empty += 1
         return None
-    return _fit(prompt_ids, chosen, rejected, max_length, overlong,
+    return fit_pair(prompt_ids, chosen, rejected, max_length, overlong,
                 getattr(tokenizer, "bos_id", None), stats)
 
 
@@ -170,7 +170,7 @@ def split_reply(prompt: str | list[dict], reply: str, tokenizer,
     return ids[:start], ids[start:end]
 
 
-def _fit(prompt: list[int], chosen: list[int], rejected: list[int], max_length: int,
+def fit_pair(prompt: list[int], chosen: list[int], rejected: list[int], max_length: int,
          overlong: str, bos_id: int | None, stats: PairStats) -> Pair | None:
     """Apply the over-long policy (module docstring) and count the kept pair."""
     longest = max(len(chosen), len(rejected))
@@ -220,19 +220,23 @@ class PreferenceData:
 
     def __init__(self, path: str, tokenizer, *, max_length: int = 256, overlong: str = "truncate",
                  max_records: int | None = None, batch_size: int = 8, seed: int = 0,
-                 records: list[dict] | None = None, shared_prompt: bool = False):
-        """Read `path` (or use `records`, with `path` naming them in messages) and build pairs."""
+                 records: list[dict] | None = None, shared_prompt: bool = False,
+                 stats: PairStats | None = None, tokenize=None):
+        """Read `path` (or use `records`, with `path` naming them in messages) and build pairs.
+        tokenize: `tokenize_pair`'s stand-in (its arguments; hone.data.vision_pairs'), with
+        `stats` the counts it keeps."""
         check_options(max_length=max_length, overlong=overlong)
         self.batch_size = check_batch_size(batch_size)
         self.seed = int(seed)
         self.path = path = str(path)
         records = load_records(path, records, max_records)
         self.format = detect_pair_format(records[0])
-        self.stats = PairStats()
+        self.stats = PairStats() if stats is None else stats
         self.max_length = max_length
         self.pad_id = int(tokenizer.pad_id)
-        pairs = [tokenize_pair(record, tokenizer, format=self.format, max_length=max_length,
-                               overlong=overlong, path=path, index=index, stats=self.stats)
+        tokenize = tokenize or tokenize_pair
+        pairs = [tokenize(record, tokenizer, format=self.format, max_length=max_length,
+                          overlong=overlong, path=path, index=index, stats=self.stats)
                  for index, record in enumerate(records)]
         pairs = [pair for pair in pairs if pair is not None]
         if not pairs:

@@ -89,24 +89,15 @@ def tokenize_vision_sft(record: dict, tokenizer, *, settings: Idefics3ImageSetti
     if loss_on not in LOSS_ON:
         raise InputError(f"must be one of {', '.join(LOSS_ON)}; got {loss_on!r}",
                          key="data.loss_on")
-    messages, refs = parse_vision_messages(where.field(record, "messages"), where)
-    refs = _image_refs(record, refs, where)
+    messages, inline = parse_vision_messages(where.field(record, "messages"), where)
+    refs = image_refs(record, messages, inline, where)
     ids, mask = chat_tokens(messages, tokenizer, loss_on, where)
     if ids is None:
         stats.skipped_empty += 1
         return None
-    image_id = _single_id(tokenizer, IMAGE_TOKEN, where)
-    at = [k for k, t in enumerate(ids) if t == image_id]
-    if len(at) != len(refs):
-        raise where.error("messages", f"the chat template wrote {len(at)} {IMAGE_TOKEN} tokens "
-                                      f"for {len(refs)} image part(s); a vision model's template "
-                                      "writes one per image part")
-    frames, grids = [], []
-    for j, (ref, key) in enumerate(refs):
-        parts, rows, cols = frames_of(to_rgb(load_image(ref, base_dir, where, key)), settings)
-        frames += [normalize(f, settings) for f in parts]
-        grids.append((rows, cols))
-    tokens, loss, ends = _expand(ids, mask, at, grids, tokenizer, settings.image_seq_len)
+    at = image_positions(ids, tokenizer, len(refs), where)
+    frames, grids = load_frames(refs, settings, base_dir, where)
+    tokens, loss, ends = expand_images(ids, mask, at, grids, tokenizer, settings.image_seq_len)
     loss[0] = False  # nothing predicts the first token
     too_many = max_frames is not None and len(frames) > max_frames
     if len(tokens) > max_length or too_many:
@@ -132,13 +123,40 @@ def tokenize_vision_sft(record: dict, tokenizer, *, settings: Idefics3ImageSetti
     stats.kept += 1
     stats.images += len(refs)
     stats.frames += len(frames)
-    stacked = (np.stack(_pad_frames(frames)) if frames
-               else np.zeros((0, 3, settings.tile, settings.tile), np.float32))
-    sizes = np.asarray([f.shape[1:] for f in frames], np.int32).reshape(-1, 2)
+    stacked, sizes = stack_frames(frames, settings.tile)
     return VisionExample(tokens, loss, frames=stacked, sizes=sizes, images=len(refs))
 
 
-def _expand(ids: list[int], mask: list[bool], at: list[int], grids, tokenizer, seq_len: int):
+def load_frames(refs, settings: Idefics3ImageSettings, base_dir, where: Where):
+    """(every frame [3, y, x] float32 of the images `refs` in order, each image's grid)."""
+    frames, grids = [], []
+    for ref, key in refs:
+        parts, rows, cols = frames_of(to_rgb(load_image(ref, base_dir, where, key)), settings)
+        frames += [normalize(f, settings) for f in parts]
+        grids.append((rows, cols))
+    return frames, grids
+
+
+def image_positions(ids: list[int], tokenizer, count: int, where: Where) -> list[int]:
+    """Where the chat template wrote `<image>` in ids; there must be `count` (one per part)."""
+    image_id = _single_id(tokenizer, IMAGE_TOKEN, where)
+    at = [k for k, t in enumerate(ids) if t == image_id]
+    if len(at) != count:
+        raise where.error("messages", f"the chat template wrote {len(at)} {IMAGE_TOKEN} tokens "
+                                      f"for {count} image part(s); a vision model's template "
+                                      "writes one per image part")
+    return at
+
+
+def stack_frames(frames: list[np.ndarray], tile: int) -> tuple[np.ndarray, np.ndarray]:
+    """(frames [F, 3, Y, X] zero-padded to the largest, sizes [F, 2] of their real parts)."""
+    stacked = (np.stack(_pad_frames(frames)) if frames
+               else np.zeros((0, 3, tile, tile), np.float32))
+    return stacked, np.asarray([f.shape[1:] for f in frames], np.int32).reshape(-1, 2)
+
+
+def expand_images(ids: list[int], mask: list[bool], at: list[int], grids, tokenizer,
+                  seq_len: int):
     """ids with the <image> token at each of `at` replaced by its image's placeholder ids (no
     loss). Returns (tokens int32, loss bool, the end of each image's placeholders)."""
     tokens: list[int] = []
@@ -177,16 +195,17 @@ def _single_id(tokenizer, token: str, where: Where) -> int:
 
 # ---- records ---------------------------------------------------------------------------------
 
-def parse_vision_messages(value: Any, where: Where) -> tuple[list[dict], list[tuple[Any, str]]]:
+def parse_vision_messages(value: Any, where: Where,
+                          name: str = "messages") -> tuple[list[dict], list[tuple[Any, str]]]:
     """(messages for the chat template, the images their parts carry with the field naming
     each): content strings kept, part lists normalised to {"type": "text", "text"} and
-    {"type": "image"}; errors name the field."""
+    {"type": "image"}; errors name the field (`name`: the record's field holding them)."""
     if not isinstance(value, list) or not value:
-        raise where.error("messages", f"must be a non-empty list of messages, got "
-                                      f"{type(value).__name__}")
+        raise where.error(name, f"must be a non-empty list of messages, got "
+                                f"{type(value).__name__}")
     out, inline = [], []
     for j, message in enumerate(value):
-        at = f"messages[{j}]"
+        at = f"{name}[{j}]"
         if not isinstance(message, dict):
             raise where.error(at, f"must be an object with role and content, got "
                                   f"{type(message).__name__}")
@@ -217,11 +236,13 @@ def _part(part: Any, where: Where, at: str, inline: list) -> dict:
     return {"type": "image"}
 
 
-def _image_refs(record: dict, inline: list, where: Where) -> list[tuple[Any, str]]:
-    """The record's images in order with the field naming each; their count must be the image
-    parts'."""
-    parts = sum(1 for m in record["messages"] if isinstance(m.get("content"), list)
-                for p in m["content"] if isinstance(p, dict) and p.get("type") == "image")
+def image_refs(record: dict, messages: list[dict], inline: list,
+               where: Where) -> list[tuple[Any, str]]:
+    """The record's images in order with the field naming each (its `images`, or those its
+    image parts carry: `inline`); their count must be the image parts' of `messages` (as
+    parse_vision_messages returns them)."""
+    parts = sum(1 for m in messages if isinstance(m["content"], list)
+                for p in m["content"] if p["type"] == "image")
     given = record.get("images")
     if given is not None and inline:
         raise where.error("images", "images are given both in the record's images and inside "

@@ -27,6 +27,7 @@ from flax import nnx
 from hone.config import DPOConfig
 from hone.data.preference import load_pairs
 from hone.data.shared_prefix import work_tokens
+from hone.data.vision_pairs import load_vision_pairs
 from hone.losses.preference import pair_count
 from hone.tokenizer import load_tokenizer
 from hone.train.build import build_model, compile_steps, make_layout, open_run, summed_eval
@@ -34,6 +35,7 @@ from hone.train.dpo_objective import make_dpo_loss, means, sequence_logps
 from hone.train.loop import LoopSpec, run_loop
 from hone.train.reference import cached_halves, reference_mode, reference_model
 from hone.train.state import tree_bytes, unflatten
+from hone.weights.hf_vision import vision_family
 from hone.train.step import pair_split
 
 
@@ -74,7 +76,11 @@ def precompute_reference(model, mode_model_fn, data, run_dir: Path, log, source:
 def run_dpo(cfg: DPOConfig, *, log=print):
     """Train per cfg; returns (trained model, final train state, reference bytes)."""
     tokenizer = load_tokenizer(cfg.model.source)
-    train_data, eval_data = load_pairs(cfg, tokenizer, log, shared_prompt=cfg.dpo.shared_prompt)
+    if vision_family(cfg.model.source) is None:
+        train_data, eval_data = load_pairs(cfg, tokenizer, log,
+                                           shared_prompt=cfg.dpo.shared_prompt)
+    else:  # pairs whose prompts carry images (hone/data/vision_pairs.py)
+        train_data, eval_data = load_vision_pairs(cfg, tokenizer, log)
     layout = make_layout(cfg, rows_per_example=2)
     model, trainable = build_model(cfg, layout=layout)
     run_dir = open_run(cfg)
@@ -102,7 +108,8 @@ def run_dpo(cfg: DPOConfig, *, log=print):
         train_step=step, state=state, frozen=frozen, aux=aux, data=train_data.iterator(),
         eval_fn=eval_fn, place_batch=layout.place_batch,
         tokens_per_batch=work_tokens,
-        flops_per_token=model.config.flops_per_token(cfg.data.max_length), extra_metrics=means)
+        flops_per_token=getattr(model, "text", model).config.flops_per_token(cfg.data.max_length),
+        extra_metrics=means)
     final = run_loop(spec, cfg, run_dir)
     trained = nnx.merge(graphdef, unflatten(params, final["params"]), frozen)
     return trained, final, tree_bytes(aux)

@@ -18,13 +18,18 @@ import jax.numpy as jnp
 from hone.models.head import token_logprobs_and_entropy, token_logprobs_chunked
 
 
+# A vision-language model's image inputs, when a batch carries them (hone.data.vision).
+IMAGE_KEYS = ("pixel_values", "pixel_attention_mask")
+
+
 def branch_hidden(model, mb) -> jax.Array:
     """Rows of one shared prompt and several answers: one forward pass of `model` (a
     Transformer) over each row; its hidden states [N, A·K, D] at the slots that predict answer
     tokens (score_index [N, A, K])."""
+    images = {key: mb[key] for key in IMAGE_KEYS if key in mb}
     hidden = model.hidden(mb["tokens"], positions=mb["positions"],
                           attention_mask=mb["attention_mask"], segment_ids=mb["segment_ids"],
-                          branch_ids=mb["branch_ids"])                        # [N, S, D]
+                          branch_ids=mb["branch_ids"], **images)              # [N, S, D]
     n, answers, width = mb["score_index"].shape
     return jnp.take_along_axis(hidden, mb["score_index"].reshape(n, answers * width, 1), axis=1)
 
@@ -39,10 +44,6 @@ def head_logprobs(model, hidden: jax.Array, targets: jax.Array, entropy: bool = 
                                           model.head_chunk)
     return token_logprobs_chunked(model.logits_from_hidden, hidden, targets,
                                   model.head_chunk), None
-
-
-# A vision-language model's image inputs, when a batch carries them (hone.data.vision).
-IMAGE_KEYS = ("pixel_values", "pixel_attention_mask")
 
 
 def row_logprobs(model, mb, entropy: bool = False):

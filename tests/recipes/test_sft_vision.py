@@ -11,8 +11,7 @@ import pytest
 import torch
 import transformers
 from flax import nnx
-from PIL import Image
-from vision_reference import idefics3_config, vlm_tokenizer
+from vision_reference import colour_images, smolvlm_folder
 
 import hone
 from hone.config import SFTConfig, load_config
@@ -20,29 +19,14 @@ from hone.data.vision_loader import VisionSFTData, image_settings
 from hone.export import export_run
 from hone.models.lora import LoRAParam
 from hone.recipes.sft import run_sft
-from hone.train.build import prepare_for_training
 from hone.tokenizer import load_tokenizer
+from hone.train.build import prepare_for_training
 from hone.train.sft_objective import sft_step_loss
-
-COLOURS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (40, 50, 230)}
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    """A tiny Idefics3 folder: weights and config by transformers, hone's byte-level tokenizer
-    with the image tokens, 32-pixel tiles of 4 placeholders (8-pixel patches, pixel shuffle 2)."""
-    out = tmp_path_factory.mktemp("smolvlm")
-    tok = vlm_tokenizer(grid=2)
-    tok.save(out)
-    config = idefics3_config(vocab_size=tok.vocab_size, vision_layers=1, max_positions=256,
-                             image_token_id=tok.encode("<image>", add_special_tokens=False)[0])
-    torch.manual_seed(0)
-    transformers.Idefics3ForConditionalGeneration(config).save_pretrained(str(out))
-    (out / "preprocessor_config.json").write_text(json.dumps(
-        {"size": {"longest_edge": 64}, "max_image_size": {"longest_edge": 32},
-         "do_image_splitting": True}))
-    (out / "processor_config.json").write_text(json.dumps({"image_seq_len": 4}))
-    return out
+    return smolvlm_folder(tmp_path_factory.mktemp("smolvlm"))
 
 
 @pytest.fixture(scope="module")
@@ -50,16 +34,14 @@ def data(tmp_path_factory):
     """Colour questions: a solid image (a 2 x 2 split of a 64-pixel one, or one frame when it
     fits a tile), its colour the answer; one text-only record."""
     out = tmp_path_factory.mktemp("colours")
-    (out / "img").mkdir()
     records = []
-    for k, (name, rgb) in enumerate(COLOURS.items()):
-        for size in (20, 50):
-            Image.new("RGB", (size, size + k), rgb).save(out / "img" / f"{name}{size}.png")
-            records.append({"messages": [
-                {"role": "user", "content": [{"type": "image"},
-                                             {"type": "text", "text": "Colour?"}]},
-                {"role": "assistant", "content": [{"type": "text", "text": name}]}],
-                "images": [f"img/{name}{size}.png"]})
+    for key, image in colour_images(out).items():
+        name = key.rstrip("0123456789")
+        records.append({"messages": [
+            {"role": "user", "content": [{"type": "image"},
+                                         {"type": "text", "text": "Colour?"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": name}]}],
+            "images": [image]})
     records.append({"messages": [{"role": "user", "content": "Hi"},
                                  {"role": "assistant", "content": "Hello"}]})
     path = out / "train.jsonl"
